@@ -1,0 +1,68 @@
+"""The IAM steps every method shares, in CONTRACT section 2's order.
+
+authentication (done by the transport) -> input validation -> the tenant decision ->
+visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> state rules.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.capacity.errors import pool_not_found
+from app.capacity.reads import (
+    Actor,
+    Executor,
+    load_lineage,
+    offers_of,
+    quotas_of,
+    visible_pool,
+)
+from app.capacity.views import PoolDetail, PoolView
+from app.db.models import AuthzRow, Pool
+from app.iam.decisions import PoolAttributes, allows_pool, decide_pool, decide_tenant
+from app.iam.principal import Principal
+from app.iam.roles import POOLS_SHARE
+
+
+async def resolve_actor(
+    executor: Executor, principal: Principal, tenant_id: str, permission: str
+) -> Actor:
+    decide_tenant(principal, tenant_id, permission)
+    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
+
+
+def attributes_of(row: AuthzRow) -> PoolAttributes:
+    return PoolAttributes(row.gpu_model, row.pool_class, row.sharing, row.region, row.owned)
+
+
+async def lock_owned_pool(
+    session: AsyncSession, actor: Actor, pool_id: str, permission: str
+) -> Pool:
+    """Lock a pool the actor owns for a write. Anyone else gets NOT_FOUND (seed)."""
+    pool = (
+        await session.execute(select(Pool).where(Pool.id == pool_id).with_for_update())
+    ).scalar_one_or_none()
+    if pool is None or pool.tenant_id != actor.tenant_id:
+        raise pool_not_found(pool_id)
+    owner_row = await session.get(AuthzRow, (actor.tenant_id, pool_id))
+    if owner_row is None:  # the projection always holds the owner's row
+        raise pool_not_found(pool_id)
+    decide_pool(actor.principal, permission, attributes_of(owner_row))
+    return pool
+
+
+def sees_offers(principal: Principal, pool: PoolView) -> bool:
+    return pool.owned and allows_pool(principal, POOLS_SHARE, pool.grant.attributes)
+
+
+async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDetail:
+    """The pool as the actor's tenant sees it: its own quota rows, offers for the owner."""
+    pool = await visible_pool(executor, actor, pool_id)
+    quotas = (await quotas_of(executor, actor.tenant_id, [pool_id]))[pool_id]
+    offers = (
+        (await offers_of(executor, [pool_id]))[pool_id]
+        if sees_offers(actor.principal, pool)
+        else None
+    )
+    return PoolDetail(pool, quotas, offers)

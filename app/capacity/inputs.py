@@ -1,0 +1,135 @@
+"""The seed's input tables, defined once. REST, GraphQL, the catalog and OpenAPI read these."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from app.capacity.errors import InvalidInput
+
+ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
+MAX_AMOUNT = 2**63 - 1
+
+TenantId = Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+PoolId = Annotated[str, StringConstraints(max_length=57, pattern=rf"^pool_{ULID_TAIL}$")]
+SiteId = Annotated[str, StringConstraints(max_length=57, pattern=rf"^site_{ULID_TAIL}$")]
+ProviderAccountId = Annotated[
+    str, StringConstraints(max_length=58, pattern=rf"^pacct_{ULID_TAIL}$")
+]
+ReservationId = Annotated[str, StringConstraints(max_length=56, pattern=rf"^rsv_{ULID_TAIL}$")]
+GpuModel = Annotated[str, StringConstraints(max_length=32, pattern=r"^[A-Za-z0-9-]{1,32}$")]
+ResourceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")]
+IdempotencyKey = Annotated[
+    str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._~:/+=-]{1,128}$")
+]
+Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
+PositiveAmount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
+
+PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
+Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
+Agent = Literal["bcd", "none"]
+
+
+class MethodInput(BaseModel):
+    # Strict: "5" is not 5 and true is not 1; unknown fields are refused.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=False)
+
+
+class ListPoolsInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+
+
+class GetPoolInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+
+
+class CapacityInput(GetPoolInput):
+    pass
+
+
+class CreatePoolInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    site_id: SiteId = Field(alias="siteId")
+    pool_class: PoolClass = Field(alias="class")
+    gpu_model: GpuModel | None = Field(default=None, alias="gpuModel")
+    sharing: Sharing = "exclusive"
+    agent: Agent | None = None
+    policy: dict[str, Any] | None = None
+    owner_quota: dict[ResourceName, Amount] | None = Field(default=None, alias="ownerQuota")
+    provider_account_id: ProviderAccountId | None = Field(default=None, alias="providerAccountId")
+    idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
+
+
+class OfferPoolInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    to_tenant_id: TenantId = Field(alias="toTenantId")
+    quota: dict[ResourceName, Amount]
+    include_descendants: bool = Field(default=False, alias="includeDescendants")
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+
+
+class UnofferPoolInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    to_tenant_id: TenantId = Field(alias="toTenantId")
+
+
+class UpdatePoolInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    policy: dict[str, Any] | None = None
+    gpu_model: GpuModel | None = Field(default=None, alias="gpuModel")
+
+
+class ArchivePoolInput(GetPoolInput):
+    pass
+
+
+class CreateReservationInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    resources: Annotated[dict[ResourceName, PositiveAmount], Field(min_length=1, max_length=16)]
+    idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
+
+
+class ReleaseReservationInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    reservation_id: ReservationId = Field(alias="reservationId")
+
+
+class ListReservationsInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId | None = Field(default=None, alias="poolId")
+
+
+InputT = TypeVar("InputT", bound=MethodInput)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def parse_input(model: type[InputT], payload: object) -> InputT:
+    """Validate a JSON-shaped payload; the first problem becomes INVALID_INPUT naming its field."""
+    if not isinstance(payload, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = tuple(p for p in error["loc"] if p not in ("[key]",))
+        field = _field_path(loc) or None
+        if error["type"] == "extra_forbidden":
+            raise InvalidInput(f"unknown field {field}", field=field) from None
+        if error["type"] == "missing":
+            raise InvalidInput(f"{field} is required", field=field) from None
+        raise InvalidInput(f"{field}: {error['msg']}", field=field) from None

@@ -1,0 +1,85 @@
+"""Operator inventory: tenants, sites, provider accounts and nodes (the CLI's writes)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from app.capacity.errors import InvalidInput, InvalidState, NotFound
+from app.capacity.inputs import TenantId
+from app.capacity.rollup import refresh_rollup
+from app.db.engine import Database
+from app.db.models import Node, Pool, ProviderAccount, Site, Tenant
+from app.db.uow import UnitOfWork
+from app.ids import new_id
+
+SITE_KINDS = ("platform", "custom")
+
+
+def _check_tenant_id(tenant_id: str, field: str) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(TenantId).validate_python(tenant_id)
+    except ValidationError:
+        raise InvalidInput(f"invalid tenant id {tenant_id!r}", field=field) from None
+
+
+async def _require_tenant(uow: UnitOfWork, tenant_id: str, field: str) -> None:
+    if await uow.session.get(Tenant, tenant_id) is None:
+        raise NotFound(f"tenant {tenant_id} not found", field=field)
+
+
+async def create_tenant(db: Database, tenant_id: str, parent_id: str | None = None) -> str:
+    _check_tenant_id(tenant_id, "tenantId")
+    async with UnitOfWork(db) as uow:
+        if parent_id is not None:
+            await _require_tenant(uow, parent_id, "parent")
+        if await uow.session.get(Tenant, tenant_id) is not None:
+            raise InvalidState(f"tenant {tenant_id} already exists", field="tenantId")
+        uow.session.add(Tenant(id=tenant_id, parent_id=parent_id))
+    return tenant_id
+
+
+async def create_site(db: Database, tenant_id: str, kind: str, region: str) -> str:
+    if kind not in SITE_KINDS:
+        raise InvalidInput(f"site kind must be one of {SITE_KINDS}", field="kind")
+    if not region or len(region) > 64:
+        raise InvalidInput("region must be 1 to 64 characters", field="region")
+    async with UnitOfWork(db) as uow:
+        await _require_tenant(uow, tenant_id, "tenant")
+        site_id = new_id("site")
+        uow.session.add(Site(id=site_id, tenant_id=tenant_id, kind=kind, region=region))
+    return site_id
+
+
+async def create_provider_account(db: Database, tenant_id: str) -> str:
+    async with UnitOfWork(db) as uow:
+        await _require_tenant(uow, tenant_id, "tenant")
+        account_id = new_id("pacct")
+        uow.session.add(ProviderAccount(id=account_id, tenant_id=tenant_id))
+    return account_id
+
+
+async def add_node(
+    db: Database, pool_id: str, gpus: int, owner_tenant_id: str | None = None
+) -> str:
+    """A node joins a pool; the rollup follows. A tenant-owned node pins the pool to its owner."""
+    if gpus < 1 or gpus > 1024:
+        raise InvalidInput("gpus must be 1 to 1024", field="gpus")
+    async with UnitOfWork(db) as uow:
+        pool = (
+            await uow.session.execute(select(Pool).where(Pool.id == pool_id).with_for_update())
+        ).scalar_one_or_none()
+        if pool is None:
+            raise NotFound(f"pool {pool_id} not found", field="pool")
+        if pool.archived:
+            raise InvalidState(f"pool {pool_id} is archived", field="pool")
+        if owner_tenant_id is not None:
+            await _require_tenant(uow, owner_tenant_id, "ownerTenant")
+        node_id = new_id("node")
+        uow.session.add(
+            Node(id=node_id, pool_id=pool_id, gpus=gpus, owner_tenant_id=owner_tenant_id)
+        )
+        await uow.session.flush()
+        await refresh_rollup(uow.session, pool)
+    return node_id

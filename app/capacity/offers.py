@@ -1,0 +1,149 @@
+"""Sharing a pool: offer (create or resize) and unoffer."""
+
+from __future__ import annotations
+
+from sqlalchemy import exists, select
+
+from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor
+from app.capacity.errors import InvalidInput, InvalidState, NotFound
+from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
+from app.capacity.pools import _authz_row, offered_tenants, pool_attributes, withdraw_offer
+from app.capacity.reads import Actor, load_lineage
+from app.capacity.views import PoolDetail
+from app.db.models import AuthzRow, Node, Offer, Pool, QuotaRow, Tenant
+from app.db.uow import UnitOfWork
+from app.events.outbox import PendingEvent
+from app.iam.principal import Principal
+from app.iam.roles import POOLS_SHARE
+
+SHARED_GPU_MODES = ("timeslice", "mps")
+
+
+async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
+    """The seed's INVALID_STATE rules for offer."""
+    if pool.archived:
+        raise InvalidState(f"pool {pool.id} is archived", field="poolId")
+    to_guest = inp.to_tenant_id != pool.tenant_id
+    if to_guest and pool.sharing in SHARED_GPU_MODES:
+        raise InvalidState(
+            f"a {pool.sharing} pool can only be offered to its owner", field="toTenantId"
+        )
+    if to_guest:
+        tenant_nodes = await uow.session.scalar(
+            select(exists().where(Node.pool_id == pool.id, Node.owner_tenant_id.is_not(None)))
+        )
+        if tenant_nodes:
+            raise InvalidState(
+                "a pool holding tenant-owned nodes can only be offered to its owner",
+                field="toTenantId",
+            )
+    if pool.policy.get("singleTenant"):
+        if inp.include_descendants:
+            raise InvalidState(
+                "a singleTenant pool cannot be offered with includeDescendants",
+                field="includeDescendants",
+            )
+        others = {pool.tenant_id, inp.to_tenant_id}
+        if any(o.tenant_id not in others for o in await offered_tenants(uow, pool.id)):
+            raise InvalidState(
+                "a singleTenant pool is already offered to another tenant", field="toTenantId"
+            )
+
+
+async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
+    session = uow.session
+    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_SHARE)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    if await session.get(Tenant, inp.to_tenant_id) is None:
+        raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
+    await _check_offer_state(uow, pool, inp)
+
+    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
+    if offer is None:
+        session.add(
+            Offer(
+                pool_id=pool.id,
+                tenant_id=inp.to_tenant_id,
+                include_descendants=inp.include_descendants,
+                priority=inp.priority,
+            )
+        )
+    else:
+        offer.include_descendants = inp.include_descendants
+        offer.priority = inp.priority
+    rows = {
+        row.resource: row
+        for row in (
+            await session.execute(
+                select(QuotaRow).where(
+                    QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
+                )
+            )
+        ).scalars()
+    }
+    for resource, maximum in inp.quota.items():
+        row = rows.get(resource)
+        if row is None:
+            session.add(
+                QuotaRow(
+                    pool_id=pool.id,
+                    tenant_id=inp.to_tenant_id,
+                    resource=resource,
+                    max=maximum,
+                    used=0,
+                )
+            )
+        else:
+            row.max = max(maximum, row.used)  # never below what live reservations hold
+    owned = inp.to_tenant_id == pool.tenant_id
+    authz = await session.get(AuthzRow, (inp.to_tenant_id, pool.id))
+    if authz is not None:
+        await session.delete(authz)
+        await session.flush()
+    session.add(
+        _authz_row(
+            inp.to_tenant_id,
+            pool.id,
+            pool_attributes(pool, owned=owned),
+            include_descendants=inp.include_descendants,
+        )
+    )
+    uow.emit(
+        PendingEvent(
+            type="pool.offered",
+            pool_id=pool.id,
+            tenant_id=actor.tenant_id,
+            data={
+                "toTenantId": inp.to_tenant_id,
+                "quota": dict(inp.quota),
+                "includeDescendants": inp.include_descendants,
+                "priority": inp.priority,
+            },
+            audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
+        )
+    )
+    await session.flush()
+    # The seed: "returns the pool as that tenant sees it", the offered tenant.
+    seen_by = Actor(principal, inp.to_tenant_id, await load_lineage(session, inp.to_tenant_id))
+    return await pool_detail(session, seen_by, pool.id)
+
+
+async def unoffer_pool(uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput) -> bool:
+    session = uow.session
+    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_SHARE)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    if inp.to_tenant_id == pool.tenant_id:
+        raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
+    if await session.get(Offer, (pool.id, inp.to_tenant_id)) is None:
+        return False
+    await withdraw_offer(uow, pool.id, inp.to_tenant_id)
+    uow.emit(
+        PendingEvent(
+            type="pool.unoffered",
+            pool_id=pool.id,
+            tenant_id=actor.tenant_id,
+            data={"toTenantId": inp.to_tenant_id},
+            audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
+        )
+    )
+    return True

@@ -1,0 +1,345 @@
+"""Pool lifecycle: create, update, archive, and the reads (list, get, capacity)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select, update
+
+from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor, sees_offers
+from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
+from app.capacity.inputs import (
+    ArchivePoolInput,
+    CapacityInput,
+    CreatePoolInput,
+    GetPoolInput,
+    ListPoolsInput,
+    UpdatePoolInput,
+)
+from app.capacity.policy import PolicyContext, validate_policy
+from app.capacity.reads import (
+    Actor,
+    Executor,
+    capacity_of,
+    load_lineage,
+    offers_of,
+    quotas_of,
+    visible_pool,
+    visible_pools,
+)
+from app.capacity.rollup import refresh_rollup
+from app.capacity.views import CapacityView, PoolDetail
+from app.db.models import (
+    AuthzRow,
+    IdempotencyRecord,
+    Offer,
+    Pool,
+    ProviderAccount,
+    QuotaRow,
+    Site,
+    utcnow,
+)
+from app.db.uow import UnitOfWork
+from app.events.outbox import PendingEvent
+from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
+from app.iam.principal import Principal
+from app.iam.roles import CAPACITY_READ, POOLS_CREATE, POOLS_MANAGE, POOLS_READ
+from app.ids import derived_id, new_id
+
+DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+async def list_pools(
+    executor: Executor, principal: Principal, inp: ListPoolsInput
+) -> list[PoolDetail]:
+    actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_READ)
+    pools = [
+        p
+        for p in await visible_pools(executor, actor)
+        if allows_pool(principal, POOLS_READ, p.grant.attributes)
+    ]
+    ids = [p.id for p in pools]
+    quotas = await quotas_of(executor, actor.tenant_id, ids)
+    offered = [p.id for p in pools if sees_offers(principal, p)]
+    offers = await offers_of(executor, offered) if offered else {}
+    return [PoolDetail(p, quotas[p.id], offers.get(p.id)) for p in pools]
+
+
+async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) -> PoolDetail:
+    actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_READ)
+    detail = await pool_detail(executor, actor, inp.pool_id)
+    decide_pool(principal, POOLS_READ, detail.pool.grant.attributes)
+    return detail
+
+
+async def pool_capacity(
+    executor: Executor, principal: Principal, inp: CapacityInput
+) -> tuple[CapacityView, ...]:
+    actor = await resolve_actor(executor, principal, inp.tenant_id, CAPACITY_READ)
+    pool = await visible_pool(executor, actor, inp.pool_id)
+    decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
+    return (await capacity_of(executor, [pool.id]))[pool.id]
+
+
+# -- create --------------------------------------------------------------------------------
+
+
+def _effective_agent(inp: CreatePoolInput) -> str:
+    """Defaults and the provider rules of the seed; all of them are input errors."""
+    if inp.pool_class == "provider":
+        if inp.provider_account_id is None:
+            raise InvalidInput("a provider pool needs providerAccountId", field="providerAccountId")
+        if inp.agent not in (None, "none"):
+            raise InvalidInput("a provider pool needs agent 'none'", field="agent")
+        return "none"
+    if inp.provider_account_id is not None:
+        raise InvalidInput(
+            f"providerAccountId is only for provider pools, not {inp.pool_class}",
+            field="providerAccountId",
+        )
+    return inp.agent or "bcd"
+
+
+def _fingerprint(inp: CreatePoolInput, agent: str) -> dict[str, Any]:
+    """What an idempotent retry must repeat; gpuModel, policy and ownerQuota may differ."""
+    return {
+        "siteId": inp.site_id,
+        "class": inp.pool_class,
+        "sharing": inp.sharing,
+        "agent": agent,
+        "providerAccountId": inp.provider_account_id,
+    }
+
+
+async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
+    session = uow.session
+    agent = _effective_agent(inp)
+    if inp.idempotency_key is not None:
+        pool_id = derived_id("pool", inp.tenant_id, principal.caller_id, inp.idempotency_key)
+        stored = await session.get(IdempotencyRecord, pool_id)
+        if stored is not None:
+            # A retry: the first call's decision stands, so no second IAM decision or event.
+            if stored.fingerprint != _fingerprint(inp, agent):
+                raise Conflict(
+                    "idempotencyKey was used with a different site, class, sharing, agent "
+                    "or provider account",
+                    field="idempotencyKey",
+                )
+            actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
+            return await pool_detail(session, actor, pool_id)
+    else:
+        pool_id = new_id("pool")
+
+    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_CREATE)
+    site = await session.get(Site, inp.site_id)
+    if site is None or site.tenant_id != actor.tenant_id:
+        raise NotFound(f"site {inp.site_id} not found", field="siteId")
+    if inp.provider_account_id is not None:
+        account = await session.get(ProviderAccount, inp.provider_account_id)
+        if account is None or account.tenant_id != actor.tenant_id:
+            raise NotFound(
+                f"provider account {inp.provider_account_id} not found", field="providerAccountId"
+            )
+    policy = validate_policy(
+        inp.policy if inp.policy is not None else {},
+        PolicyContext(pool_class=inp.pool_class, sharing=inp.sharing, site_kind=site.kind),
+    )
+    attributes = PoolAttributes(inp.gpu_model, inp.pool_class, inp.sharing, site.region, True)
+    # A narrowed binding may only create pools it could then manage.
+    decide_pool(principal, POOLS_CREATE, attributes)
+
+    if inp.idempotency_key is not None:
+        session.add(
+            IdempotencyRecord(
+                resource_id=pool_id,
+                method="pools.create",
+                tenant_id=actor.tenant_id,
+                caller_id=principal.caller_id,
+                key=inp.idempotency_key,
+                fingerprint=_fingerprint(inp, agent),
+            )
+        )
+        await session.flush()  # a concurrent twin fails here, and the caller retries as a read
+    now = utcnow()
+    session.add(
+        Pool(
+            id=pool_id,
+            tenant_id=actor.tenant_id,
+            site_id=site.id,
+            pool_class=inp.pool_class,
+            gpu_model=inp.gpu_model,
+            sharing=inp.sharing,
+            agent=agent,
+            policy=policy,
+            provider_account_id=inp.provider_account_id,
+            region=site.region,
+            archived=False,
+            version=1,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    await session.flush()
+    session.add(Offer(pool_id=pool_id, tenant_id=actor.tenant_id, created_at=now))
+    quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
+    session.add_all(
+        QuotaRow(pool_id=pool_id, tenant_id=actor.tenant_id, resource=r, max=m, used=0)
+        for r, m in quota.items()
+    )
+    session.add(_authz_row(actor.tenant_id, pool_id, attributes, include_descendants=False))
+    uow.emit(
+        PendingEvent(
+            type="pool.created",
+            pool_id=pool_id,
+            tenant_id=actor.tenant_id,
+            data={
+                "siteId": site.id,
+                "class": inp.pool_class,
+                "sharing": inp.sharing,
+                "gpuModel": inp.gpu_model,
+                "version": 1,
+            },
+            audience=frozenset({actor.tenant_id}),
+        )
+    )
+    return await pool_detail(session, actor, pool_id)
+
+
+def _authz_row(
+    tenant_id: str, pool_id: str, attributes: PoolAttributes, *, include_descendants: bool
+) -> AuthzRow:
+    return AuthzRow(
+        tenant_id=tenant_id,
+        pool_id=pool_id,
+        gpu_model=attributes.gpu_model,
+        pool_class=attributes.pool_class,
+        sharing=attributes.sharing,
+        region=attributes.region,
+        owned=attributes.owned,
+        include_descendants=include_descendants,
+    )
+
+
+def pool_attributes(pool: Pool, *, owned: bool) -> PoolAttributes:
+    return PoolAttributes(pool.gpu_model, pool.pool_class, pool.sharing, pool.region, owned)
+
+
+async def offered_tenants(uow: UnitOfWork, pool_id: str) -> list[Offer]:
+    return list(
+        (
+            await uow.session.execute(
+                select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
+            )
+        ).scalars()
+    )
+
+
+# -- update --------------------------------------------------------------------------------
+
+
+async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInput) -> PoolDetail:
+    if inp.policy is None and inp.gpu_model is None:
+        raise InvalidInput("give policy, gpuModel or both", field="policy")
+    session = uow.session
+    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_MANAGE)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    if pool.archived:
+        raise InvalidState(f"pool {pool.id} is archived", field="poolId")
+    offers = await offered_tenants(uow, pool.id)
+    changed: list[str] = []
+    if inp.policy is not None:
+        site = await session.get_one(Site, pool.site_id)
+        policy = validate_policy(
+            inp.policy, PolicyContext(pool.pool_class, pool.sharing, site.kind)
+        )
+        if policy.get("singleTenant") and not pool.policy.get("singleTenant"):
+            guests = [o for o in offers if o.tenant_id != pool.tenant_id]
+            if len(guests) > 1 or any(o.include_descendants for o in offers):
+                raise InvalidState(
+                    "singleTenant needs at most one offered tenant and no includeDescendants",
+                    field="policy.singleTenant",
+                )
+        if policy.get("prewarmImages") != pool.policy.get("prewarmImages"):
+            site.agent_revision += 1  # the site's agents pick up the new desired state
+        pool.policy = policy
+        changed.append("policy")
+    if inp.gpu_model is not None:
+        pool.gpu_model = inp.gpu_model
+        changed.append("gpuModel")
+        await session.execute(
+            update(AuthzRow).where(AuthzRow.pool_id == pool.id).values(gpu_model=inp.gpu_model)
+        )
+    pool.version += 1
+    pool.updated_at = utcnow()
+    await session.flush()
+    await refresh_rollup(session, pool)
+    uow.emit(
+        PendingEvent(
+            type="pool.updated",
+            pool_id=pool.id,
+            tenant_id=actor.tenant_id,
+            data={"version": pool.version, "changed": changed},
+            audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
+        )
+    )
+    return await pool_detail(session, actor, pool.id)
+
+
+# -- archive -------------------------------------------------------------------------------
+
+
+async def withdraw_offer(uow: UnitOfWork, pool_id: str, tenant_id: str) -> None:
+    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
+    session = uow.session
+    await session.execute(
+        delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
+    )
+    await session.execute(
+        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id == tenant_id)
+    )
+    await session.execute(
+        update(QuotaRow)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
+        .values(max=QuotaRow.used)
+    )
+
+
+async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
+    session = uow.session
+    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_MANAGE)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    if pool.archived:
+        return await pool_detail(session, actor, pool.id)
+    removed = [
+        o.tenant_id for o in await offered_tenants(uow, pool.id) if o.tenant_id != pool.tenant_id
+    ]
+    for tenant_id in removed:
+        await withdraw_offer(uow, pool.id, tenant_id)
+    pool.archived = True
+    pool.version += 1
+    pool.updated_at = utcnow()
+    uow.emit(
+        PendingEvent(
+            type="pool.archived",
+            pool_id=pool.id,
+            tenant_id=actor.tenant_id,
+            data={"removedTenantIds": removed, "version": pool.version},
+            audience=frozenset(removed) | {pool.tenant_id},
+        )
+    )
+    await session.flush()
+    return await pool_detail(session, actor, pool.id)
+
+
+__all__ = [
+    "archive_pool",
+    "create_pool",
+    "get_pool",
+    "list_pools",
+    "pool_capacity",
+    "update_pool",
+    "visible_pool",
+]

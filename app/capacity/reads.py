@@ -1,0 +1,250 @@
+"""Read queries over Core rows. Each loader takes many pool ids, so lists never run N+1."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, Select, and_, literal, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from app.capacity.errors import NotFound, pool_not_found
+from app.capacity.views import (
+    CapacityView,
+    Grant,
+    OfferView,
+    PoolView,
+    QuotaView,
+    ReservationView,
+)
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
+from app.iam.decisions import PoolAttributes
+from app.iam.principal import Principal
+
+Executor = AsyncConnection | AsyncSession
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """A principal acting for one tenant; `lineage` is the tenant, then its ancestors."""
+
+    principal: Principal
+    tenant_id: str
+    lineage: tuple[str, ...]
+
+    @property
+    def ancestors(self) -> tuple[str, ...]:
+        return self.lineage[1:]
+
+
+async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
+    """The tenant and its ancestors, nearest first; NOT_FOUND for an unknown tenant."""
+    tree = select(Tenant.id, Tenant.parent_id, literal(0).label("depth")).where(
+        Tenant.id == tenant_id
+    )
+    chain = tree.cte("chain", recursive=True)
+    parent = select(Tenant.id, Tenant.parent_id, (chain.c.depth + 1).label("depth")).join(
+        chain, Tenant.id == chain.c.parent_id
+    )
+    chain = chain.union_all(parent)
+    rows = (await executor.execute(select(chain.c.id).order_by(chain.c.depth))).all()
+    if not rows:
+        raise NotFound(f"tenant {tenant_id} not found", field="tenantId")
+    return tuple(r.id for r in rows)
+
+
+def _grant_filter(actor: Actor) -> Any:
+    own = AuthzRow.tenant_id == actor.tenant_id
+    if not actor.ancestors:
+        return own
+    return or_(own, and_(AuthzRow.tenant_id.in_(actor.ancestors), AuthzRow.include_descendants))
+
+
+def _visible_pools_query(actor: Actor) -> Select[Any]:
+    granted = select(AuthzRow.pool_id).where(_grant_filter(actor))
+    return select(Pool.__table__).where(
+        Pool.id.in_(granted), or_(Pool.archived.is_(False), Pool.tenant_id == actor.tenant_id)
+    )
+
+
+async def load_grants(
+    executor: Executor, actor: Actor, pool_ids: Sequence[str]
+) -> dict[str, Grant]:
+    """The row that lets the actor see each pool: its own first, else the nearest ancestor's."""
+    if not pool_ids:
+        return {}
+    rows = (
+        await executor.execute(
+            select(AuthzRow.__table__).where(AuthzRow.pool_id.in_(pool_ids), _grant_filter(actor))
+        )
+    ).all()
+    rank = {tenant: i for i, tenant in enumerate(actor.lineage)}
+    best: dict[str, Row[Any]] = {}
+    for row in rows:
+        held = best.get(row.pool_id)
+        if held is None or rank[row.tenant_id] < rank[held.tenant_id]:
+            best[row.pool_id] = row
+    return {
+        pool_id: Grant(
+            tenant_id=row.tenant_id,
+            attributes=PoolAttributes(
+                gpu_model=row.gpu_model,
+                pool_class=row.pool_class,
+                sharing=row.sharing,
+                region=row.region,
+                owned=row.owned and row.tenant_id == actor.tenant_id,
+            ),
+        )
+        for pool_id, row in best.items()
+    }
+
+
+def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolView:
+    return PoolView(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        site_id=row.site_id,
+        pool_class=row.pool_class,
+        gpu_model=row.gpu_model,
+        sharing=row.sharing,
+        agent=row.agent,
+        policy=dict(row.policy),
+        provider_account_id=row.provider_account_id,
+        region=row.region,
+        owned=row.tenant_id == actor_tenant,
+        archived=row.archived,
+        version=row.version,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        grant=grant,
+    )
+
+
+async def visible_pools(
+    executor: Executor, actor: Actor, *, after: str | None = None, limit: int | None = None
+) -> list[PoolView]:
+    """Pools the actor sees, in id (creation) order, keyset-paged after `after`."""
+    query = _visible_pools_query(actor).order_by(Pool.id)
+    if after is not None:
+        query = query.where(Pool.id > after)
+    if limit is not None:
+        query = query.limit(limit)
+    pools = (await executor.execute(query)).all()
+    grants = await load_grants(executor, actor, [p.id for p in pools])
+    return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
+
+
+async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:
+    """One pool as the actor sees it, or the same NOT_FOUND whether it is missing or hidden."""
+    pool = (
+        await executor.execute(_visible_pools_query(actor).where(Pool.id == pool_id))
+    ).one_or_none()
+    grants = await load_grants(executor, actor, [pool_id]) if pool is not None else {}
+    if pool is None or pool_id not in grants:
+        raise pool_not_found(pool_id)
+    return _pool_view(pool, actor.tenant_id, grants[pool_id])
+
+
+async def quotas_of(
+    executor: Executor, tenant_id: str, pool_ids: Sequence[str]
+) -> dict[str, tuple[QuotaView, ...]]:
+    rows = await executor.execute(
+        select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
+        .where(QuotaRow.tenant_id == tenant_id, QuotaRow.pool_id.in_(pool_ids))
+        .order_by(QuotaRow.pool_id, QuotaRow.resource)
+    )
+    found: dict[str, list[QuotaView]] = defaultdict(list)
+    for r in rows:
+        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used))
+    return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
+
+
+async def capacity_of(
+    executor: Executor, pool_ids: Sequence[str]
+) -> dict[str, tuple[CapacityView, ...]]:
+    rows = await executor.execute(
+        select(CapacityRow.__table__)
+        .where(CapacityRow.pool_id.in_(pool_ids))
+        .order_by(CapacityRow.pool_id, CapacityRow.resource)
+    )
+    found: dict[str, list[CapacityView]] = defaultdict(list)
+    for r in rows:
+        found[r.pool_id].append(CapacityView(r.resource, r.total, r.allocatable, r.booked))
+    return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
+
+
+async def offers_of(
+    executor: Executor, pool_ids: Sequence[str]
+) -> dict[str, tuple[OfferView, ...]]:
+    """Every offer of each pool (the owner's included) with the offered tenant's quota rows."""
+    offers = (
+        await executor.execute(
+            select(Offer.pool_id, Offer.tenant_id, Offer.include_descendants, Offer.priority)
+            .where(Offer.pool_id.in_(pool_ids))
+            .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id)
+        )
+    ).all()
+    quota_rows = (
+        await executor.execute(
+            select(
+                QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used
+            )
+            .join(
+                Offer,
+                and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+            )
+            .where(QuotaRow.pool_id.in_(pool_ids))
+            .order_by(QuotaRow.resource)
+        )
+    ).all()
+    quotas: dict[tuple[str, str], list[QuotaView]] = defaultdict(list)
+    for q in quota_rows:
+        quotas[(q.pool_id, q.tenant_id)].append(QuotaView(q.resource, q.max, q.used))
+    found: dict[str, list[OfferView]] = defaultdict(list)
+    for o in offers:
+        found[o.pool_id].append(
+            OfferView(
+                tenant_id=o.tenant_id,
+                include_descendants=o.include_descendants,
+                priority=o.priority,
+                quotas=tuple(quotas.get((o.pool_id, o.tenant_id), ())),
+            )
+        )
+    return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
+
+
+def reservation_view(row: Reservation | Row[Any]) -> ReservationView:
+    return ReservationView(
+        id=row.id,
+        pool_id=row.pool_id,
+        tenant_id=row.tenant_id,
+        resources={k: int(v) for k, v in row.resources.items()},
+        state=row.state,
+        created_at=row.created_at,
+        ended_at=row.ended_at,
+    )
+
+
+async def reservations_of(
+    executor: Executor,
+    tenant_id: str,
+    pool_ids: Sequence[str] | None = None,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+) -> list[ReservationView]:
+    """The tenant's own reservations, in id order, optionally in some pools only."""
+    query = (
+        select(Reservation.__table__)
+        .where(Reservation.tenant_id == tenant_id)
+        .order_by(Reservation.id)
+    )
+    if pool_ids is not None:
+        query = query.where(Reservation.pool_id.in_(pool_ids))
+    if after is not None:
+        query = query.where(Reservation.id > after)
+    if limit is not None:
+        query = query.limit(limit)
+    return [reservation_view(r) for r in (await executor.execute(query))]

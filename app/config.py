@@ -1,0 +1,58 @@
+"""Settings from the environment (CONTRACT section 8)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./bettercompute.db"
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else int(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = DEFAULT_DATABASE_URL
+    broadcast_url: str = "memory://"
+    graphiql: bool = True
+    introspection: bool = True
+    # GraphQL query limits: refused before execution.
+    max_query_depth: int = 12
+    max_aliases: int = 30
+    max_tokens: int = 2000
+    max_query_cost: int = 50_000
+    # Subscriptions.
+    max_subscriptions_per_connection: int = 20
+    connection_init_timeout_s: float = 10.0
+    keepalive_interval_s: float = 15.0
+    subscriber_queue_size: int = 1000
+    event_poll_interval_s: float = 2.0
+    event_retention_s: int = 0  # 0 keeps every event
+    allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        origins = os.environ.get("BETTERCOMPUTE_ALLOWED_ORIGINS", "")
+        return cls(
+            database_url=os.environ.get("BETTERCOMPUTE_DATABASE_URL", DEFAULT_DATABASE_URL),
+            broadcast_url=os.environ.get("BETTERCOMPUTE_BROADCAST_URL", "memory://"),
+            graphiql=_flag("BETTERCOMPUTE_GRAPHIQL", True),
+            introspection=_flag("BETTERCOMPUTE_INTROSPECTION", True),
+            max_query_depth=_int("BETTERCOMPUTE_MAX_QUERY_DEPTH", 12),
+            max_aliases=_int("BETTERCOMPUTE_MAX_ALIASES", 30),
+            max_tokens=_int("BETTERCOMPUTE_MAX_TOKENS", 2000),
+            max_query_cost=_int("BETTERCOMPUTE_MAX_QUERY_COST", 50_000),
+            max_subscriptions_per_connection=_int("BETTERCOMPUTE_MAX_SUBSCRIPTIONS", 20),
+            event_retention_s=_int("BETTERCOMPUTE_EVENT_RETENTION_SECONDS", 0),
+            allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()),
+        )

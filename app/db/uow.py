@@ -1,0 +1,61 @@
+"""The unit of work: one transaction, committed once at the end, with its events.
+
+Application code never commits. Events are written to the outbox in the same
+transaction, and the wake-up is published only after the commit succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.engine import Database
+from app.events.outbox import PendingEvent, append_events
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[int], Awaitable[None]]
+
+
+class UnitOfWork:
+    def __init__(self, db: Database, notify: Notify | None = None) -> None:
+        self._db = db
+        self._notify = notify
+        self._events: list[PendingEvent] = []
+        self.session: AsyncSession
+
+    @property
+    def dialect(self) -> str:
+        return self._db.dialect
+
+    def emit(self, event: PendingEvent) -> None:
+        self._events.append(event)
+
+    async def __aenter__(self) -> UnitOfWork:
+        self.session = AsyncSession(self._db.writer, expire_on_commit=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        newest: int | None = None
+        try:
+            if exc_type is None:
+                newest = await append_events(self.session, self._events)
+                await self.session.commit()
+            else:
+                await self.session.rollback()
+        finally:
+            await self.session.close()
+        if newest is not None and self._notify is not None:
+            try:
+                await self._notify(newest)
+            except Exception:
+                # The outbox is the source of truth; the relay's poll covers a lost wake-up.
+                log.warning("event wake-up not published", exc_info=True)

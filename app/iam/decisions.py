@@ -1,0 +1,54 @@
+"""IAM decisions: the coarse one on the tenant, then one per pool over its authz row.
+
+Pure functions over already-loaded data, so a list checks every item without a query each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from app.capacity.errors import PermissionDenied
+from app.iam.principal import Principal
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAttributes:
+    """What an authz row says of a pool, as seen by one tenant."""
+
+    gpu_model: str | None
+    pool_class: str
+    sharing: str
+    region: str
+    owned: bool
+
+    def as_binding_values(self) -> Mapping[str, str]:
+        return {
+            "gpuModel": self.gpu_model or "",
+            "class": self.pool_class,
+            "sharing": self.sharing,
+            "region": self.region,
+            "owned": "true" if self.owned else "false",
+        }
+
+
+def decide_tenant(principal: Principal, tenant_id: str, permission: str) -> None:
+    """The coarse decision: may this caller act for the tenant, with a role that has it at all."""
+    if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
+        raise PermissionDenied(f"caller may not act for tenant {tenant_id}", field="tenantId")
+    if not principal.has(permission):
+        raise PermissionDenied(f"role {principal.role} lacks {permission}")
+
+
+def binding_matches(principal: Principal, attributes: PoolAttributes) -> bool:
+    values = attributes.as_binding_values()
+    return all(values.get(key) == want for key, want in principal.conditions.items())
+
+
+def allows_pool(principal: Principal, permission: str, attributes: PoolAttributes) -> bool:
+    return principal.has(permission) and binding_matches(principal, attributes)
+
+
+def decide_pool(principal: Principal, permission: str, attributes: PoolAttributes) -> None:
+    if not allows_pool(principal, permission, attributes):
+        raise PermissionDenied(f"{permission} is not granted on this pool")

@@ -1,0 +1,180 @@
+"""The OpenAPI document, generated from the catalog's input definitions."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from app.catalog import METHODS
+
+_QUOTA = {
+    "type": "object",
+    "required": ["resource", "max", "used"],
+    "properties": {
+        "resource": {"type": "string"},
+        "max": {"type": "integer"},
+        "used": {"type": "integer"},
+    },
+}
+_COMPONENTS: dict[str, Any] = {
+    "Quota": _QUOTA,
+    "CapacityRow": {
+        "type": "object",
+        "required": ["resource", "total", "allocatable", "booked", "available"],
+        "properties": {
+            k: {"type": "string" if k == "resource" else "integer"}
+            for k in ("resource", "total", "allocatable", "booked", "available")
+        },
+    },
+    "Offer": {
+        "type": "object",
+        "properties": {
+            "tenantId": {"type": "string"},
+            "includeDescendants": {"type": "boolean"},
+            "priority": {"type": "integer"},
+            "quotas": {"type": "array", "items": {"$ref": "#/components/schemas/Quota"}},
+        },
+    },
+    "Pool": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "tenantId": {"type": "string"},
+            "siteId": {"type": "string"},
+            "class": {"enum": ["metal-host", "metal-dedicated", "vps-host", "provider"]},
+            "gpuModel": {"type": ["string", "null"]},
+            "sharing": {"enum": ["exclusive", "mig", "timeslice", "mps"]},
+            "agent": {"enum": ["bcd", "none"]},
+            "policy": {"type": "object"},
+            "providerAccountId": {"type": ["string", "null"]},
+            "region": {"type": "string"},
+            "owned": {"type": "boolean"},
+            "archived": {"type": "boolean"},
+            "version": {"type": "integer"},
+            "quotas": {"type": "array", "items": {"$ref": "#/components/schemas/Quota"}},
+            "offers": {
+                "type": ["array", "null"],
+                "items": {"$ref": "#/components/schemas/Offer"},
+            },
+            "createdAt": {"type": "string", "format": "date-time"},
+            "updatedAt": {"type": "string", "format": "date-time"},
+        },
+    },
+    "Reservation": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "poolId": {"type": "string"},
+            "tenantId": {"type": "string"},
+            "resources": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "state": {"enum": ["active", "ended"]},
+            "createdAt": {"type": "string", "format": "date-time"},
+            "endedAt": {"type": ["string", "null"], "format": "date-time"},
+        },
+    },
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message", "details"],
+                "properties": {
+                    "code": {
+                        "enum": [
+                            "INVALID_INPUT",
+                            "UNAUTHENTICATED",
+                            "PERMISSION_DENIED",
+                            "NOT_FOUND",
+                            "CONFLICT",
+                            "INVALID_STATE",
+                            "RESOURCE_EXHAUSTED",
+                            "UNAVAILABLE",
+                            "INTERNAL",
+                        ]
+                    },
+                    "message": {"type": "string"},
+                    "details": {"type": "object"},
+                },
+            }
+        },
+    },
+}
+
+_RESULTS: dict[str, dict[str, Any]] = {
+    "pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}},
+    "pool": {"$ref": "#/components/schemas/Pool"},
+    "capacity": {"type": "array", "items": {"$ref": "#/components/schemas/CapacityRow"}},
+    "removed": {"type": "boolean"},
+    "reservation": {"$ref": "#/components/schemas/Reservation"},
+    "reservations": {"type": "array", "items": {"$ref": "#/components/schemas/Reservation"}},
+}
+
+_ERRORS = {
+    "400": "INVALID_INPUT",
+    "401": "UNAUTHENTICATED",
+    "403": "PERMISSION_DENIED",
+    "404": "NOT_FOUND",
+    "409": "CONFLICT or INVALID_STATE",
+    "429": "RESOURCE_EXHAUSTED",
+    "503": "UNAVAILABLE",
+}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    schemas = dict(_COMPONENTS)
+    paths: dict[str, Any] = {}
+    for m in METHODS:
+        input_name = m.input.__name__
+        schemas[input_name] = m.input.model_json_schema(
+            by_alias=True, ref_template="#/components/schemas/{model}"
+        )
+        error_ref = {"$ref": "#/components/schemas/Error"}
+        paths[m.path] = {
+            "post": {
+                "operationId": f"{m.group}.{m.name}",
+                "summary": m.summary,
+                "description": f"Authorization: {m.authorization}. Phase {m.phase}.",
+                "tags": [m.group],
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": f"#/components/schemas/{input_name}"}
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": [m.result_key],
+                                    "properties": {m.result_key: _RESULTS[m.result_key]},
+                                }
+                            }
+                        },
+                    },
+                    **{
+                        status: {
+                            "description": text,
+                            "content": {"application/json": {"schema": error_ref}},
+                        }
+                        for status, text in _ERRORS.items()
+                    },
+                },
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Better Compute pools API", "version": "0.2.0"},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
