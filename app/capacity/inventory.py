@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 
-from app.capacity.errors import InvalidInput, InvalidState, NotFound
+from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import TenantId
 from app.capacity.rollup import refresh_rollup
 from app.db.engine import Database
@@ -15,11 +16,12 @@ from app.ids import new_id
 SITE_KINDS = ("platform", "custom")
 
 
-def _check_tenant_id(tenant_id: str, field: str) -> None:
-    from pydantic import TypeAdapter, ValidationError
+_TENANT_ID = TypeAdapter(TenantId)
 
+
+def _check_tenant_id(tenant_id: str, field: str) -> None:
     try:
-        TypeAdapter(TenantId).validate_python(tenant_id)
+        _TENANT_ID.validate_python(tenant_id)
     except ValidationError:
         raise InvalidInput(f"invalid tenant id {tenant_id!r}", field=field) from None
 
@@ -35,7 +37,7 @@ async def create_tenant(db: Database, tenant_id: str, parent_id: str | None = No
         if parent_id is not None:
             await _require_tenant(uow, parent_id, "parent")
         if await uow.session.get(Tenant, tenant_id) is not None:
-            raise InvalidState(f"tenant {tenant_id} already exists", field="tenantId")
+            raise Conflict(f"tenant {tenant_id} already exists", field="tenantId")
         uow.session.add(Tenant(id=tenant_id, parent_id=parent_id))
     return tenant_id
 
