@@ -1,0 +1,138 @@
+"""Shared fixtures. Every database test runs on SQLite and on PostgreSQL.
+
+Databases (see tests/databases.py):
+- `dialect`: "sqlite" or "postgresql"; a test asking for a database runs once per
+  dialect (marks `sqlite`/`postgresql`, so `-m "not postgresql"` works).
+- `database_url_for` (session): `await database_url_for(dialect)` gives the URL of the
+  run's database for that dialect, created and migrated to head on first use and
+  dropped when the run ends. Its rows are not cleaned: use `database_url` in tests.
+- `database_url`: that database for `dialect`, every table emptied before the test.
+- `db`: an `app.db.engine.Database` on `database_url`, disposed after the test.
+- `fresh_database_url`: a brand-new database with no tables (not migrated) for this
+  test only, dropped after it; for migration and `db upgrade` tests.
+
+Services: PostgreSQL (BETTERCOMPUTE_TEST_POSTGRES_URL) and Redis
+(`redis_url`, BETTERCOMPUTE_TEST_REDIS_URL). When one is unreachable its tests are
+skipped, or fail when BETTERCOMPUTE_TEST_REQUIRE_SERVICES=1 (as in CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+
+from app.config import Settings
+from app.db.engine import Database, create_database
+from app.server import create_app
+from tests.databases import (
+    CONNECT_TIMEOUT_S,
+    DIALECTS,
+    REDIS_URL,
+    TestDatabases,
+    empty_tables,
+    service_unavailable,
+)
+from tests.support import Api, Fleet
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in DIALECTS:
+        config.addinivalue_line("markers", f"{name}: runs against the {name} database")
+
+
+# --- databases ---------------------------------------------------------------------
+
+
+@pytest.fixture(
+    params=[pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in DIALECTS]
+)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def test_databases(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[TestDatabases]:
+    databases = TestDatabases(tmp_path_factory.mktemp("sqlite"))
+    try:
+        yield databases
+    finally:
+        await databases.close()
+
+
+@pytest.fixture(scope="session")
+def database_url_for(test_databases: TestDatabases) -> Callable[[str], Awaitable[str]]:
+    return test_databases.migrated
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def database_url(dialect: str, database_url_for: Callable[[str], Awaitable[str]]) -> str:
+    url = await database_url_for(dialect)
+    await empty_tables(url)
+    return url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def db(database_url: str) -> AsyncIterator[Database]:
+    database = create_database(database_url)
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def fresh_database_url(dialect: str, test_databases: TestDatabases) -> AsyncIterator[str]:
+    url = await test_databases.create_empty(dialect)
+    try:
+        yield url
+    finally:
+        await test_databases.drop(url)
+
+
+# --- services ----------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def redis_url() -> str:
+    client = Redis.from_url(
+        REDIS_URL, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S
+    )
+    try:
+        await client.ping()
+    except Exception as exc:  # any failure to reach the server means "unavailable"
+        service_unavailable(f"Redis unreachable at {REDIS_URL}: {type(exc).__name__}: {exc}")
+    finally:
+        await client.aclose()
+    return REDIS_URL
+
+
+# --- HTTP application ----------------------------------------------------------------
+# Fixtures for the Starlette app and its clients (REST, GraphQL, websockets) go here,
+# built on `db` / `database_url` so they run on both dialects.
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def app(database_url: str) -> AsyncIterator[Starlette]:
+    """The real Starlette app on this test's database, its lifespan running."""
+    application = create_app(Settings(database_url=database_url))
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def api(app: Starlette) -> AsyncIterator[Api]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        yield Api(client)
+
+
+@pytest.fixture
+def fleet(db: Database) -> Fleet:
+    return Fleet(db)

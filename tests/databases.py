@@ -1,0 +1,165 @@
+"""The test run's databases: one migrated database per dialect, and scratch ones.
+
+PostgreSQL databases are created on the server at BETTERCOMPUTE_TEST_POSTGRES_URL
+(`bc_test_<hex>`) and dropped when the run ends; SQLite databases are files in a
+temporary directory. Nothing is created for a dialect no test asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from sqlalchemy import delete, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from app.db.migrate import upgrade
+from app.db.models import Base
+
+POSTGRES_URL = os.environ.get(
+    "BETTERCOMPUTE_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("BETTERCOMPUTE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+DIALECTS = ("sqlite", "postgresql")
+CONNECT_TIMEOUT_S = 5.0
+
+
+def services_required() -> bool:
+    value = os.environ.get("BETTERCOMPUTE_TEST_REQUIRE_SERVICES", "")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def service_unavailable(message: str) -> NoReturn:
+    """Skip the test, or fail it when the run requires every service (CI)."""
+    if services_required():
+        pytest.fail(f"{message} (BETTERCOMPUTE_TEST_REQUIRE_SERVICES is set)", pytrace=False)
+    pytest.skip(message)
+
+
+def _plain_engine(url: str) -> AsyncEngine:
+    """No pooling, no PRAGMAs: connections live only as long as one statement batch."""
+    if make_url(url).get_backend_name() == "postgresql":
+        return create_async_engine(
+            url, poolclass=NullPool, connect_args={"timeout": CONNECT_TIMEOUT_S}
+        )
+    return create_async_engine(url, poolclass=NullPool)
+
+
+async def empty_tables(url: str) -> None:
+    """Delete every row of every model table; keep alembic_version. Sequences restart."""
+    engine = _plain_engine(url)
+    tables = Base.metadata.sorted_tables
+    try:
+        async with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # A test that left a transaction open would otherwise make this hang.
+                await connection.exec_driver_sql("SET LOCAL lock_timeout = '10s'")
+                names = ", ".join(
+                    connection.dialect.identifier_preparer.format_table(t) for t in tables
+                )
+                await connection.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+            else:
+                for table in reversed(tables):
+                    await connection.execute(delete(table))
+                has_sequences = await connection.scalar(
+                    text("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
+                )
+                if has_sequences:
+                    await connection.exec_driver_sql("DELETE FROM sqlite_sequence")
+    finally:
+        await engine.dispose()
+
+
+class TestDatabases:
+    """Creates databases on demand and drops them all in `close()`."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, sqlite_dir: Path) -> None:
+        self._sqlite_dir = sqlite_dir
+        self._migrated: dict[str, str] = {}
+        self._postgres_databases: list[str] = []
+        self._postgres_error: str | None = None
+        self._postgres_checked = False
+
+    async def migrated(self, dialect: str) -> str:
+        """The run's database for `dialect`, migrated to head on first use."""
+        if dialect not in self._migrated:
+            url = await self.create_empty(dialect)
+            await upgrade(url)
+            self._migrated[dialect] = url
+        return self._migrated[dialect]
+
+    async def create_empty(self, dialect: str) -> str:
+        """A new database with no tables at all."""
+        name = f"bc_test_{secrets.token_hex(8)}"
+        if dialect == "sqlite":
+            return f"sqlite+aiosqlite:///{self._sqlite_dir / name}.db"
+        if dialect != "postgresql":
+            raise ValueError(f"unknown dialect {dialect!r}")
+        await self._require_postgres()
+        admin = self._postgres_admin()
+        try:
+            async with admin.connect() as connection:
+                await connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.dispose()
+        self._postgres_databases.append(name)
+        return make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+
+    async def drop(self, url: str) -> None:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            path = Path(parsed.database or "")
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                path.with_name(path.name + suffix).unlink(missing_ok=True)
+            return
+        name = parsed.database or ""
+        await self._drop_postgres([name])
+        self._postgres_databases.remove(name)
+
+    async def close(self) -> None:
+        if self._postgres_databases:
+            await self._drop_postgres(self._postgres_databases)
+        self._postgres_databases = []
+        self._migrated.clear()
+
+    def _postgres_admin(self) -> AsyncEngine:
+        return create_async_engine(
+            POSTGRES_URL,
+            poolclass=NullPool,
+            isolation_level="AUTOCOMMIT",  # CREATE/DROP DATABASE refuse a transaction
+            connect_args={"timeout": CONNECT_TIMEOUT_S},
+        )
+
+    async def _require_postgres(self) -> None:
+        if not self._postgres_checked:
+            self._postgres_checked = True
+            admin = self._postgres_admin()
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S * 2), admin.connect() as connection:
+                    await connection.exec_driver_sql("SELECT 1")
+            except Exception as exc:  # any failure to reach the server means "unavailable"
+                self._postgres_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                await admin.dispose()
+        if self._postgres_error is not None:
+            where = make_url(POSTGRES_URL).render_as_string(hide_password=True)
+            service_unavailable(f"PostgreSQL unreachable at {where}: {self._postgres_error}")
+
+    async def _drop_postgres(self, names: list[str]) -> None:
+        admin = self._postgres_admin()
+        try:
+            async with admin.connect() as connection:
+                for name in names:
+                    await connection.exec_driver_sql(
+                        f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+                    )
+        finally:
+            await admin.dispose()

@@ -1,0 +1,40 @@
+"""The shared fixtures keep their promises: clean tables, restarting sequences."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, insert, select
+
+from app.db.engine import Database
+from app.db.models import Base, Event, Tenant, utcnow
+from tests.databases import empty_tables
+
+
+async def _add_tenant_and_event(db: Database) -> int:
+    async with db.writer.begin() as connection:
+        await connection.execute(insert(Tenant).values(id="t-1", created_at=utcnow()))
+        result = await connection.execute(
+            insert(Event)
+            .values(type="pool.created", pool_id="p-1", tenant_id="t-1", data={})
+            .returning(Event.seq)
+        )
+        return int(result.scalar_one())
+
+
+async def test_database_url_starts_empty_and_sequences_restart(
+    db: Database, database_url: str
+) -> None:
+    async with db.reader.connect() as connection:
+        for table in Base.metadata.sorted_tables:
+            count = await connection.scalar(select(func.count()).select_from(table))
+            assert count == 0, table.name
+
+    assert await _add_tenant_and_event(db) == 1
+    await empty_tables(database_url)
+    assert await _add_tenant_and_event(db) == 1
+
+
+async def test_database_url_for_gives_the_same_database(
+    dialect: str, database_url: str, database_url_for: object
+) -> None:
+    assert callable(database_url_for)
+    assert await database_url_for(dialect) == database_url
