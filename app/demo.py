@@ -60,7 +60,8 @@ async def seed(db: Database) -> dict[str, Any]:
     async with db.reader.connect() as conn:
         seeded = await conn.scalar(select(Tenant.id).where(Tenant.id == "acme"))
     if seeded:
-        return {"seeded": False, "tokens": await _existing_tokens(db), **_hints()}
+        tokens = await _existing_tokens(db)
+        return {"seeded": False, "tokens": tokens, **_hints(tokens)}
 
     for tenant, parent in TENANTS:
         async with db.reader.connect() as conn:
@@ -192,14 +193,14 @@ async def seed(db: Database) -> dict[str, Any]:
             "h200-provider": provider,
         },
         "sites": {"platform": platform, "custom": custom},
-        **_hints(),
+        **_hints(tokens),
     }
 
 
-def _hints() -> dict[str, Any]:
+def _hints(tokens: dict[str, str]) -> dict[str, Any]:
     return {
         "try": "curl -s -X POST http://127.0.0.1:8000/api/compute/pools/list "
-        "-H 'authorization: Bearer <globex-admin token>' "
+        f"-H 'authorization: Bearer {tokens.get('globex-admin', '<token>')}' "
         "-H 'content-type: application/json' -d '{\"tenantId\": \"globex\"}'",
         "graphiql": "http://127.0.0.1:8000/graphql",
     }
