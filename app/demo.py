@@ -60,8 +60,8 @@ async def seed(db: Database) -> dict[str, Any]:
     async with db.reader.connect() as conn:
         seeded = await conn.scalar(select(Tenant.id).where(Tenant.id == "acme"))
     if seeded:
-        tokens = await _existing_tokens(db)
-        return {"seeded": False, "tokens": tokens, **_hints(tokens)}
+        fresh = await _existing_tokens(db)
+        return {"seeded": False, "tokens": fresh, **_hints(fresh)}
 
     for tenant, parent in TENANTS:
         async with db.reader.connect() as conn:
