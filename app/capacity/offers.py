@@ -43,8 +43,10 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
                 "a singleTenant pool cannot be offered with includeDescendants",
                 field="includeDescendants",
             )
+        # The owner resizing its own rows adds no tenant, so only a guest offer can clash.
         others = {pool.tenant_id, inp.to_tenant_id}
-        if any(o.tenant_id not in others for o in await offered_tenants(uow, pool.id)):
+        offers = await offered_tenants(uow, pool.id)
+        if to_guest and any(o.tenant_id not in others for o in offers):
             raise InvalidState(
                 "a singleTenant pool is already offered to another tenant", field="toTenantId"
             )
