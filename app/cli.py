@@ -148,7 +148,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        ws="websockets",
+        ws="websockets-sansio",
     )
     return 0
 
