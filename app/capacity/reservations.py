@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, case, select, update
 
 from app.capacity.access import resolve_actor
 from app.capacity.errors import Conflict, InvalidState, NotFound, ResourceExhausted
@@ -88,10 +88,16 @@ async def _unbook(uow: UnitOfWork, rsv: Reservation) -> None:
             .values(used=QuotaRow.used - int(rsv.resources[resource]))
         )
     for resource in sorted(rsv.resources):
+        left = CapacityRow.booked - int(rsv.resources[resource])
         await session.execute(
             update(CapacityRow)
             .where(CapacityRow.pool_id == rsv.pool_id, CapacityRow.resource == resource)
-            .values(booked=CapacityRow.booked - int(rsv.resources[resource]))
+            # allocatable was held up at `booked` after a shrink; it follows the bookings
+            # back down to `total` as they end (the node takes its new layout once idle).
+            .values(
+                booked=left,
+                allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
+            )
         )
 
 
