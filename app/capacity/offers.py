@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import exists, select
+from sqlalchemy import delete, exists, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor
 from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
-from app.capacity.pools import _authz_row, offered_tenants, pool_attributes, withdraw_offer
+from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import PoolDetail
-from app.db.models import AuthzRow, Node, Offer, Pool, QuotaRow, Tenant
+from app.db.models import Node, Offer, Pool, QuotaRow, Tenant
 from app.db.uow import UnitOfWork
 from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
@@ -45,11 +46,30 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             )
         # The owner resizing its own rows adds no tenant, so only a guest offer can clash.
         others = {pool.tenant_id, inp.to_tenant_id}
-        offers = await offered_tenants(uow, pool.id)
+        offers = await offers_on(uow.session, pool.id)
         if to_guest and any(o.tenant_id not in others for o in offers):
             raise InvalidState(
                 "a singleTenant pool is already offered to another tenant", field="toTenantId"
             )
+
+
+async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
+    """Every offer of a pool, the owner's included."""
+    query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
+    return list((await session.execute(query)).scalars())
+
+
+async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
+    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
+    await session.execute(
+        delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
+    )
+    await remove_authz_row(session, pool_id, tenant_id)
+    await session.execute(
+        update(QuotaRow)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
+        .values(max=QuotaRow.used)
+    )
 
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
@@ -97,18 +117,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             )
         else:
             row.max = max(maximum, row.used)  # never below what live reservations hold
-    owned = inp.to_tenant_id == pool.tenant_id
-    authz = await session.get(AuthzRow, (inp.to_tenant_id, pool.id))
-    if authz is not None:
-        await session.delete(authz)
-        await session.flush()
-    session.add(
-        _authz_row(
-            inp.to_tenant_id,
-            pool.id,
-            pool_attributes(pool, owned=owned),
-            include_descendants=inp.include_descendants,
-        )
+    await write_authz_row(
+        session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
     )
     uow.emit(
         PendingEvent(
@@ -138,7 +148,7 @@ async def unoffer_pool(uow: UnitOfWork, principal: Principal, inp: UnofferPoolIn
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     if await session.get(Offer, (pool.id, inp.to_tenant_id)) is None:
         return False
-    await withdraw_offer(uow, pool.id, inp.to_tenant_id)
+    await withdraw_offer(session, pool.id, inp.to_tenant_id)
     uow.emit(
         PendingEvent(
             type="pool.unoffered",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select, update
-
 from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor, sees_offers
 from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import (
@@ -16,7 +14,9 @@ from app.capacity.inputs import (
     ListPoolsInput,
     UpdatePoolInput,
 )
+from app.capacity.offers import offers_on, withdraw_offer
 from app.capacity.policy import PolicyContext, validate_policy
+from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
     Executor,
@@ -30,7 +30,6 @@ from app.capacity.reads import (
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, PoolDetail
 from app.db.models import (
-    AuthzRow,
     IdempotencyRecord,
     Offer,
     Pool,
@@ -164,24 +163,23 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         )
         await session.flush()  # a concurrent twin fails here, and the caller retries as a read
     now = utcnow()
-    session.add(
-        Pool(
-            id=pool_id,
-            tenant_id=actor.tenant_id,
-            site_id=site.id,
-            pool_class=inp.pool_class,
-            gpu_model=inp.gpu_model,
-            sharing=inp.sharing,
-            agent=agent,
-            policy=policy,
-            provider_account_id=inp.provider_account_id,
-            region=site.region,
-            archived=False,
-            version=1,
-            created_at=now,
-            updated_at=now,
-        )
+    pool = Pool(
+        id=pool_id,
+        tenant_id=actor.tenant_id,
+        site_id=site.id,
+        pool_class=inp.pool_class,
+        gpu_model=inp.gpu_model,
+        sharing=inp.sharing,
+        agent=agent,
+        policy=policy,
+        provider_account_id=inp.provider_account_id,
+        region=site.region,
+        archived=False,
+        version=1,
+        created_at=now,
+        updated_at=now,
     )
+    session.add(pool)
     await session.flush()
     session.add(Offer(pool_id=pool_id, tenant_id=actor.tenant_id, created_at=now))
     quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
@@ -189,7 +187,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         QuotaRow(pool_id=pool_id, tenant_id=actor.tenant_id, resource=r, max=m, used=0)
         for r, m in quota.items()
     )
-    session.add(_authz_row(actor.tenant_id, pool_id, attributes, include_descendants=False))
+    await write_authz_row(session, pool, actor.tenant_id, include_descendants=False)
     uow.emit(
         PendingEvent(
             type="pool.created",
@@ -208,35 +206,6 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     return await pool_detail(session, actor, pool_id)
 
 
-def _authz_row(
-    tenant_id: str, pool_id: str, attributes: PoolAttributes, *, include_descendants: bool
-) -> AuthzRow:
-    return AuthzRow(
-        tenant_id=tenant_id,
-        pool_id=pool_id,
-        gpu_model=attributes.gpu_model,
-        pool_class=attributes.pool_class,
-        sharing=attributes.sharing,
-        region=attributes.region,
-        owned=attributes.owned,
-        include_descendants=include_descendants,
-    )
-
-
-def pool_attributes(pool: Pool, *, owned: bool) -> PoolAttributes:
-    return PoolAttributes(pool.gpu_model, pool.pool_class, pool.sharing, pool.region, owned)
-
-
-async def offered_tenants(uow: UnitOfWork, pool_id: str) -> list[Offer]:
-    return list(
-        (
-            await uow.session.execute(
-                select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
-            )
-        ).scalars()
-    )
-
-
 # -- update --------------------------------------------------------------------------------
 
 
@@ -248,7 +217,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
-    offers = await offered_tenants(uow, pool.id)
+    offers = await offers_on(session, pool.id)
     changed: list[str] = []
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
@@ -269,9 +238,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.gpu_model is not None:
         pool.gpu_model = inp.gpu_model
         changed.append("gpuModel")
-        await session.execute(
-            update(AuthzRow).where(AuthzRow.pool_id == pool.id).values(gpu_model=inp.gpu_model)
-        )
+        await refresh_authz_rows(session, pool)
     pool.version += 1
     pool.updated_at = utcnow()
     await session.flush()
@@ -291,22 +258,6 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
 # -- archive -------------------------------------------------------------------------------
 
 
-async def withdraw_offer(uow: UnitOfWork, pool_id: str, tenant_id: str) -> None:
-    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
-    session = uow.session
-    await session.execute(
-        delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
-    )
-    await session.execute(
-        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id == tenant_id)
-    )
-    await session.execute(
-        update(QuotaRow)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
-        .values(max=QuotaRow.used)
-    )
-
-
 async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
     session = uow.session
     actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_MANAGE)
@@ -314,10 +265,10 @@ async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolIn
     if pool.archived:
         return await pool_detail(session, actor, pool.id)
     removed = [
-        o.tenant_id for o in await offered_tenants(uow, pool.id) if o.tenant_id != pool.tenant_id
+        o.tenant_id for o in await offers_on(session, pool.id) if o.tenant_id != pool.tenant_id
     ]
     for tenant_id in removed:
-        await withdraw_offer(uow, pool.id, tenant_id)
+        await withdraw_offer(session, pool.id, tenant_id)
     pool.archived = True
     pool.version += 1
     pool.updated_at = utcnow()

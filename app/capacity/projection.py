@@ -1,0 +1,38 @@
+"""The IAM authz projection: one row per (tenant, pool) for every tenant holding an offer,
+carrying the pool attributes role bindings may be narrowed by. Written on create and
+offer, removed on unoffer and archive, refreshed on update, always beside the offer."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import AuthzRow, Pool
+
+
+async def write_authz_row(
+    session: AsyncSession, pool: Pool, tenant_id: str, *, include_descendants: bool
+) -> None:
+    row = await session.get(AuthzRow, (tenant_id, pool.id))
+    if row is None:
+        row = AuthzRow(tenant_id=tenant_id, pool_id=pool.id)
+        session.add(row)
+    row.gpu_model = pool.gpu_model
+    row.pool_class = pool.pool_class
+    row.sharing = pool.sharing
+    row.region = pool.region
+    row.owned = tenant_id == pool.tenant_id
+    row.include_descendants = include_descendants
+
+
+async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
+    await session.execute(
+        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id == tenant_id)
+    )
+
+
+async def refresh_authz_rows(session: AsyncSession, pool: Pool) -> None:
+    """After an update: only gpuModel of the narrowing attributes can change."""
+    await session.execute(
+        update(AuthzRow).where(AuthzRow.pool_id == pool.id).values(gpu_model=pool.gpu_model)
+    )
