@@ -1,0 +1,59 @@
+"""Idempotent creates: the id is derived from (tenant, caller, key), and a record of the
+first call's parameters turns a retry into a read of what it made (or CONFLICT)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.capacity.errors import Conflict
+from app.db.models import IdempotencyRecord
+from app.ids import derived_id, new_id
+
+
+@dataclass
+class IdempotentCreate:
+    method: str
+    prefix: str
+    tenant_id: str
+    caller_id: str
+    key: str | None
+    fingerprint: dict[str, Any]  # what a retry must repeat
+    conflict: str  # says what differs when it does not
+    resource_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.resource_id = (
+            new_id(self.prefix)
+            if self.key is None
+            else derived_id(self.prefix, self.tenant_id, self.caller_id, self.key)
+        )
+
+    async def is_retry(self, session: AsyncSession) -> bool:
+        """True when the first call already made `resource_id`; CONFLICT if it differed."""
+        if self.key is None:
+            return False
+        stored = await session.get(IdempotencyRecord, self.resource_id)
+        if stored is None:
+            return False
+        if stored.fingerprint != self.fingerprint:
+            raise Conflict(self.conflict, field="idempotencyKey")
+        return True
+
+    async def remember(self, session: AsyncSession) -> None:
+        """Record the call first: a concurrent twin fails on this key and retries as a read."""
+        if self.key is None:
+            return
+        session.add(
+            IdempotencyRecord(
+                resource_id=self.resource_id,
+                method=self.method,
+                tenant_id=self.tenant_id,
+                caller_id=self.caller_id,
+                key=self.key,
+                fingerprint=self.fingerprint,
+            )
+        )
+        await session.flush()
