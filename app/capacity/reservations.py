@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import CursorResult, case, select, update
+from sqlalchemy import CursorResult, Update, case, select, update
 
 from app.capacity.access import resolve_actor
-from app.capacity.errors import Conflict, InvalidState, NotFound, ResourceExhausted
+from app.capacity.errors import InvalidState, NotFound, ResourceExhausted
+from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
     CreateReservationInput,
     ListReservationsInput,
@@ -21,12 +22,11 @@ from app.capacity.inputs import (
 )
 from app.capacity.reads import Executor, reservation_view, reservations_of, visible_pool
 from app.capacity.views import ReservationView
-from app.db.models import CapacityRow, IdempotencyRecord, Pool, QuotaRow, Reservation, utcnow
+from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
 from app.iam.decisions import decide_pool
 from app.iam.principal import Principal
 from app.iam.roles import RESERVATIONS_READ, RESERVATIONS_WRITE
-from app.ids import derived_id, new_id
 
 
 def _rowcount(result: Any) -> int:
@@ -34,44 +34,46 @@ def _rowcount(result: Any) -> int:
     return result.rowcount
 
 
+def _take_quota(pool_id: str, tenant_id: str, resource: str, amount: int) -> Update:
+    return (
+        update(QuotaRow)
+        .where(
+            QuotaRow.pool_id == pool_id,
+            QuotaRow.tenant_id == tenant_id,
+            QuotaRow.resource == resource,
+            QuotaRow.used + amount <= QuotaRow.max,
+        )
+        .values(used=QuotaRow.used + amount)
+    )
+
+
+def _take_capacity(pool_id: str, resource: str, amount: int) -> Update:
+    return (
+        update(CapacityRow)
+        .where(
+            CapacityRow.pool_id == pool_id,
+            CapacityRow.resource == resource,
+            CapacityRow.booked + amount <= CapacityRow.allocatable,
+        )
+        .values(booked=CapacityRow.booked + amount)
+    )
+
+
 async def _book(
     uow: UnitOfWork, pool_id: str, quota_tenant: str, resources: dict[str, int]
 ) -> None:
-    session = uow.session
-    for resource in sorted(resources):
-        amount = resources[resource]
-        booked = await session.execute(
-            update(QuotaRow)
-            .where(
-                QuotaRow.pool_id == pool_id,
-                QuotaRow.tenant_id == quota_tenant,
-                QuotaRow.resource == resource,
-                QuotaRow.used + amount <= QuotaRow.max,
-            )
-            .values(used=QuotaRow.used + amount)
-        )
-        if _rowcount(booked) != 1:
+    """Each guarded UPDATE matches its row only while the booking fits."""
+    order = sorted(resources)
+    steps = [
+        *(("quota", r, _take_quota(pool_id, quota_tenant, r, resources[r])) for r in order),
+        *(("capacity", r, _take_capacity(pool_id, r, resources[r])) for r in order),
+    ]
+    for limit, resource, statement in steps:
+        if _rowcount(await uow.session.execute(statement)) != 1:
             raise ResourceExhausted(
-                f"quota for {resource} would be exceeded",
+                f"{limit} for {resource} would be exceeded",
                 field=f"resources.{resource}",
-                limit="quota",
-            )
-    for resource in sorted(resources):
-        amount = resources[resource]
-        booked = await session.execute(
-            update(CapacityRow)
-            .where(
-                CapacityRow.pool_id == pool_id,
-                CapacityRow.resource == resource,
-                CapacityRow.booked + amount <= CapacityRow.allocatable,
-            )
-            .values(booked=CapacityRow.booked + amount)
-        )
-        if _rowcount(booked) != 1:
-            raise ResourceExhausted(
-                f"capacity for {resource} would be exceeded",
-                field=f"resources.{resource}",
-                limit="capacity",
+                limit=limit,
             )
 
 
@@ -105,19 +107,17 @@ async def create_reservation(
     uow: UnitOfWork, principal: Principal, inp: CreateReservationInput
 ) -> ReservationView:
     session = uow.session
-    fingerprint = {"poolId": inp.pool_id, "resources": dict(inp.resources)}
-    if inp.idempotency_key is not None:
-        rsv_id = derived_id("rsv", inp.tenant_id, principal.caller_id, inp.idempotency_key)
-        stored = await session.get(IdempotencyRecord, rsv_id)
-        if stored is not None:
-            if stored.fingerprint != fingerprint:
-                raise Conflict(
-                    "idempotencyKey was used with a different pool or resources",
-                    field="idempotencyKey",
-                )
-            return reservation_view(await session.get_one(Reservation, rsv_id))
-    else:
-        rsv_id = new_id("rsv")
+    call = IdempotentCreate(
+        method="reservations.create",
+        prefix="rsv",
+        tenant_id=inp.tenant_id,
+        caller_id=principal.caller_id,
+        key=inp.idempotency_key,
+        fingerprint={"poolId": inp.pool_id, "resources": dict(inp.resources)},
+        conflict="idempotencyKey was used with a different pool or resources",
+    )
+    if await call.is_retry(session):
+        return reservation_view(await session.get_one(Reservation, call.resource_id))
 
     actor = await resolve_actor(session, principal, inp.tenant_id, RESERVATIONS_WRITE)
     pool = await visible_pool(session, actor, inp.pool_id)
@@ -132,21 +132,10 @@ async def create_reservation(
         raise InvalidState(
             f"pool {pool.id} is archived and takes no new reservations", field="poolId"
         )
-    if inp.idempotency_key is not None:
-        session.add(
-            IdempotencyRecord(
-                resource_id=rsv_id,
-                method="reservations.create",
-                tenant_id=actor.tenant_id,
-                caller_id=principal.caller_id,
-                key=inp.idempotency_key,
-                fingerprint=fingerprint,
-            )
-        )
-        await session.flush()
+    await call.remember(session)
     await _book(uow, pool.id, pool.grant.tenant_id, dict(inp.resources))
     rsv = Reservation(
-        id=rsv_id,
+        id=call.resource_id,
         pool_id=pool.id,
         tenant_id=actor.tenant_id,
         quota_tenant_id=pool.grant.tenant_id,
