@@ -20,6 +20,11 @@ def _int(name: str, default: int) -> int:
     return default if value is None or value == "" else int(value)
 
 
+def _float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else float(value)
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
@@ -31,12 +36,14 @@ class Settings:
     max_aliases: int = 30
     max_tokens: int = 2000
     max_query_cost: int = 50_000
-    # Subscriptions.
+    # Subscriptions (docs/events.md).
     max_subscriptions_per_connection: int = 20
     connection_init_timeout_s: float = 10.0
     keepalive_interval_s: float = 15.0
     subscriber_queue_size: int = 1000
+    subscriber_stall_timeout_s: float = 8.0  # a client not reading this long is closed
     event_poll_interval_s: float = 2.0
+    broker_probe_interval_s: float = 2.0
     event_retention_s: int = 0  # 0 keeps every event
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
 
@@ -53,6 +60,12 @@ class Settings:
             max_tokens=_int("BETTERCOMPUTE_MAX_TOKENS", 2000),
             max_query_cost=_int("BETTERCOMPUTE_MAX_QUERY_COST", 50_000),
             max_subscriptions_per_connection=_int("BETTERCOMPUTE_MAX_SUBSCRIPTIONS", 20),
+            connection_init_timeout_s=_float("BETTERCOMPUTE_CONNECTION_INIT_TIMEOUT_SECONDS", 10.0),
+            keepalive_interval_s=_float("BETTERCOMPUTE_KEEPALIVE_SECONDS", 15.0),
+            subscriber_queue_size=_int("BETTERCOMPUTE_SUBSCRIBER_QUEUE_SIZE", 1000),
+            subscriber_stall_timeout_s=_float("BETTERCOMPUTE_SUBSCRIBER_STALL_SECONDS", 8.0),
+            event_poll_interval_s=_float("BETTERCOMPUTE_EVENT_POLL_SECONDS", 2.0),
+            broker_probe_interval_s=_float("BETTERCOMPUTE_BROKER_PROBE_SECONDS", 2.0),
             event_retention_s=_int("BETTERCOMPUTE_EVENT_RETENTION_SECONDS", 0),
             allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()),
         )

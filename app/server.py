@@ -14,6 +14,7 @@ from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
+from app.events.relay import relay_for
 from app.rest.errors import error_response
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
@@ -33,15 +34,20 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         db = create_database(settings.database_url)
-        bus = EventBus(settings.broadcast_url)
+        bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
+        relay = relay_for(db, settings)
+        bus.add_listener(relay.wake)
+        await relay.start()
         await bus.connect()
         app.state.settings = settings
         app.state.bus = bus
+        app.state.relay = relay
         app.state.capacity = Capacity(db, bus.notify)
         try:
             yield
         finally:
             await bus.disconnect()
+            await relay.stop()
             await db.dispose()
 
     return Starlette(

@@ -1,23 +1,211 @@
 """Wake-ups between processes. The outbox is the source of truth; the broker only says
-"there is something newer than you have", carrying the newest cursor."""
+"there is something newer than you have", carrying the newest cursor.
+
+Each process holds one broker subscription. broadcaster 0.3.1 does not notice a dropped
+connection (the Redis listener task dies quietly; a terminated LISTEN connection just
+stops delivering), so a supervisor owns the connection: it probes it with its own
+messages, and when the broker stops answering it tears the connection down and makes
+a new one. Every (re)connect tells the listeners to catch up from the outbox, which
+covers whatever was published while nobody listened.
+
+Publishing is coalesced in one task: a wake-up only needs the newest seq, so a burst of
+commits becomes a few messages, and backends whose connection allows one operation at
+a time (asyncpg) never see two at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, Final
+from urllib.parse import urlparse
+
 from broadcaster import Broadcast
 
-CHANNEL = "bettercompute.pool-events"
+log = logging.getLogger(__name__)
+
+CHANNEL: Final = "bettercompute.pool-events"
+
+# Called with the newest seq a wake-up carries, or None for "catch up, you may have
+# missed some". Must not block: listeners only set a flag.
+WakeListener = Callable[[int | None], None]
 
 
 class EventBus:
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        probe_interval_s: float = 2.0,
+        probe_timeout_s: float = 5.0,
+        publish_timeout_s: float = 2.0,
+        max_reconnect_delay_s: float = 5.0,
+    ) -> None:
         self.url = url
-        self.broadcast = Broadcast(url)
+        self._probe_interval_s = probe_interval_s
+        self._probe_timeout_s = probe_timeout_s
+        self._publish_timeout_s = publish_timeout_s
+        self._max_delay_s = max_reconnect_delay_s
+        self._listeners: list[WakeListener] = []
+        self._broadcast: Broadcast | None = None  # the live connection, None while down
+        self._connected = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._pending: int | None = None  # newest seq not yet published
+        self._publish_wanted = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._probe_token = f"probe:{secrets.token_hex(8)}"
+        self.connections = 0  # how many times a broker connection was made (for tests)
 
-    async def connect(self) -> None:
-        await self.broadcast.connect()
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def add_listener(self, listener: WakeListener) -> None:
+        self._listeners.append(listener)
+
+    async def connect(self, *, wait_s: float = 5.0) -> None:
+        """Start the supervisor and wait (a while) for the first connection. A broker that
+        is down does not stop the service: the relay's poll delivers meanwhile."""
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="event-bus-supervisor"),
+            asyncio.create_task(self._publish_loop(), name="event-bus-publisher"),
+        ]
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._connected.wait()
+        except TimeoutError:
+            log.warning("event broker %s unreachable; retrying in the background", self._where)
 
     async def disconnect(self) -> None:
-        await self.broadcast.disconnect()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
 
     async def notify(self, seq: int) -> None:
-        await self.broadcast.publish(CHANNEL, str(seq))
+        """After a commit: wake this process at once, and other processes via the broker."""
+        self._wake(seq)
+        if self._pending is None or seq > self._pending:
+            self._pending = seq
+        self._publish_wanted.set()
+
+    # -- internals ------------------------------------------------------------------------
+
+    @property
+    def _where(self) -> str:
+        parsed = urlparse(self.url)  # no credentials in logs
+        return f"{parsed.scheme}://{parsed.hostname or ''}:{parsed.port or ''}"
+
+    @property
+    def _probing(self) -> bool:
+        return urlparse(self.url).scheme != "memory"  # in-process: nothing can drop
+
+    def _wake(self, seq: int | None) -> None:
+        for listener in self._listeners:
+            listener(seq)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._publish_wanted.wait()
+            self._publish_wanted.clear()
+            seq, self._pending = self._pending, None
+            broadcast = self._broadcast
+            if seq is None or broadcast is None:
+                continue  # down: other processes' polls and our reconnect catch-up cover it
+            try:
+                async with asyncio.timeout(self._publish_timeout_s):
+                    await broadcast.publish(CHANNEL, str(seq))
+            except Exception as exc:  # any broker failure: reconnect
+                log.warning("event wake-up not published: %s: %s", type(exc).__name__, exc)
+                self._broken.set()
+
+    async def _supervise(self) -> None:
+        delay = 0.0
+        while True:
+            made = self.connections
+            try:
+                await self._session()
+            except Exception as exc:  # any broker failure: reconnect
+                log.warning(
+                    "event broker %s: %s: %s; reconnecting", self._where, type(exc).__name__, exc
+                )
+            # Back off while the broker stays down; retry at once after a working session.
+            delay = 0.1 if self.connections > made else min(2 * delay or 0.1, self._max_delay_s)
+            await asyncio.sleep(delay)
+
+    async def _session(self) -> None:
+        """One broker connection: connect, subscribe, listen until it proves dead."""
+        broadcast = Broadcast(self.url)
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(self._close, broadcast, stack)
+            async with asyncio.timeout(self._probe_timeout_s):
+                await broadcast.connect()
+                # Entered on its own stack so that tearing it down can be bounded in time.
+                inner = AsyncExitStack()
+                stack.push_async_callback(self._bounded_close, inner)
+                subscriber = await inner.enter_async_context(broadcast.subscribe(CHANNEL))
+            self._broadcast = broadcast
+            self._broken.clear()
+            self._connected.set()
+            self.connections += 1
+            log.info("event broker %s connected", self._where)
+            self._wake(None)  # catch up on what was published while we were not listening
+            await self._listen(broadcast, subscriber)
+
+    async def _close(self, broadcast: Broadcast, _: AsyncExitStack) -> None:
+        self._broadcast = None
+        self._connected.clear()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await broadcast.disconnect()
+
+    @staticmethod
+    async def _bounded_close(stack: AsyncExitStack) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await stack.aclose()
+
+    async def _listen(self, broadcast: Broadcast, subscriber: Any) -> None:
+        probe_seen = asyncio.Event()
+        probe_round = 0
+
+        async def receive() -> None:
+            while True:
+                message = (await subscriber.get()).message
+                if message.isdigit():
+                    self._wake(int(message))
+                elif message == f"{self._probe_token}:{probe_round}":
+                    probe_seen.set()
+
+        async def probe() -> None:
+            nonlocal probe_round
+            while True:
+                await asyncio.sleep(self._probe_interval_s)
+                probe_round += 1
+                probe_seen.clear()
+                async with asyncio.timeout(self._probe_timeout_s):
+                    await broadcast.publish(CHANNEL, f"{self._probe_token}:{probe_round}")
+                    await probe_seen.wait()
+
+        async def broken() -> None:
+            await self._broken.wait()
+            raise ConnectionError("publishing failed")
+
+        tasks = [asyncio.create_task(receive()), asyncio.create_task(broken())]
+        if self._probing:
+            tasks.append(asyncio.create_task(probe()))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            task.result()  # raises what ended the session
+        raise ConnectionError("broker subscription ended")

@@ -45,25 +45,34 @@ async def append_events(session: AsyncSession, events: Iterable[PendingEvent]) -
     if not pending:
         return None
     if session.get_bind().dialect.name == "postgresql":
+        # Held until commit: the next writer draws its numbers only after ours are visible.
         await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": OUTBOX_LOCK_KEY})
-    newest = 0
     now = utcnow()
-    for item in pending:
-        seq = (
+    # One statement however many events; seqs come back in the order of `pending`.
+    seqs = (
+        (
             await session.execute(
-                insert(Event)
-                .values(
-                    type=item.type,
-                    pool_id=item.pool_id,
-                    tenant_id=item.tenant_id,
-                    occurred_at=now,
-                    data=item.data,
-                )
-                .returning(Event.seq)
+                insert(Event).returning(Event.seq, sort_by_parameter_order=True),
+                [
+                    {
+                        "type": item.type,
+                        "pool_id": item.pool_id,
+                        "tenant_id": item.tenant_id,
+                        "occurred_at": now,
+                        "data": item.data,
+                    }
+                    for item in pending
+                ],
             )
-        ).scalar_one()
-        await session.execute(
-            insert(EventAudience), [{"seq": seq, "tenant_id": t} for t in sorted(item.audience)]
         )
-        newest = seq
-    return newest
+        .scalars()
+        .all()
+    )
+    audience = [
+        {"seq": seq, "tenant_id": tenant}
+        for seq, item in zip(seqs, pending, strict=True)
+        for tenant in sorted(item.audience)
+    ]
+    if audience:
+        await session.execute(insert(EventAudience), audience)
+    return max(seqs)

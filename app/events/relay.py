@@ -1,0 +1,319 @@
+"""The relay: one per process, it reads new outbox rows once per wake-up and fans them
+out to this process's subscriptions.
+
+- Wake-ups come from this process's commits and, through the broker, from other
+  processes; a periodic poll covers any that were lost.
+- Each subscription has a bounded mailbox. The relay never waits for a subscriber: when
+  a mailbox is full it is emptied and the subscription falls back to reading the outbox
+  itself from its own cursor, then rejoins the live stream. Memory per subscriber stays
+  bounded however slow its client is.
+- A subscription whose client has not taken a message for `stall_timeout_s` while
+  one is pending (its socket's buffers are full) is evicted: its stream is cancelled
+  and `on_evict` lets the transport close the connection, so the client resumes from
+  its last cursor.
+
+Exactly once, in order: a subscription delivers only seqs above the last one it
+delivered, and it switches from the outbox to its mailbox only once it has read the
+outbox up to the relay's cursor, so every later seq reaches its mailbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Callable, Collection
+from datetime import UTC, datetime, timedelta
+
+from app.capacity.errors import InvalidInput, InvalidState
+from app.config import Settings
+from app.db.engine import Database
+from app.events.reader import OutboxEvent, outbox_bounds, prune_events, read_events
+from app.events.visibility import EventFilter, World, delivers, load_world
+
+log = logging.getLogger(__name__)
+
+CURSOR_EXPIRED = "CURSOR_EXPIRED"
+
+
+def cursor_expired() -> InvalidState:
+    return InvalidState(
+        "the cursor is older than the event retention window; "
+        "refetch the current state, then subscribe without `after`",
+        field="after",
+        reason=CURSOR_EXPIRED,
+    )
+
+
+class Mailbox:
+    """A bounded queue that empties itself instead of growing."""
+
+    __slots__ = ("_capacity", "_items", "_ready", "overflowed")
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: deque[OutboxEvent] = deque()
+        self._ready = asyncio.Event()
+        self.overflowed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, event: OutboxEvent) -> bool:
+        """False when full: everything queued is dropped, the owner must resync."""
+        if len(self._items) >= self._capacity:
+            self._items.clear()
+            self.overflowed = True
+            self._ready.set()
+            return False
+        self._items.append(event)
+        self._ready.set()
+        return True
+
+    async def get(self) -> OutboxEvent | None:
+        """The next event, or None after an overflow."""
+        while not self._items:
+            if self.overflowed:
+                self.overflowed = False
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def reset(self) -> None:
+        self._items.clear()
+        self.overflowed = False
+
+
+class Subscription:
+    """One subscriber's stream: from the outbox until level with the relay, then live."""
+
+    def __init__(self, relay: Relay, event_filter: EventFilter, start: int) -> None:
+        self.filter = event_filter
+        self.last_seq = start  # everything up to here is delivered or not for us
+        self.live = False
+        self.mailbox = Mailbox(relay.queue_size)
+        self.on_evict: Callable[[], None] | None = None
+        self.evicted = False
+        self._relay = relay
+        self._task: asyncio.Task[object] | None = None
+        self._waiting_since: float | None = None  # when the client last had to take a message
+
+    async def stream(self) -> AsyncIterator[OutboxEvent]:
+        relay = self._relay
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        relay.attach(self)
+        try:
+            while True:
+                if not self.live:
+                    page, covered, complete = await relay.replay_page(self)
+                    for event in page:
+                        self._waiting_since = loop.time()
+                        yield event
+                        self._waiting_since = None
+                        self.last_seq = event.seq
+                    self.last_seq = max(self.last_seq, covered)
+                    if complete and self.last_seq >= relay.cursor:
+                        self.mailbox.reset()
+                        self.live = True  # from here every seq above relay.cursor is mailed
+                    continue
+                mailed = await self.mailbox.get()
+                if mailed is None:
+                    continue  # the relay set live = False when it overflowed
+                if mailed.seq <= self.last_seq:
+                    continue
+                self._waiting_since = loop.time()
+                yield mailed
+                self._waiting_since = None
+                self.last_seq = mailed.seq
+        finally:
+            relay.detach(self)
+
+    def offer(self, event: OutboxEvent) -> None:
+        if self.live and not self.mailbox.put(event):
+            self.live = False
+
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        return self._waiting_since is not None and now - self._waiting_since > timeout_s
+
+    def evict(self) -> None:
+        if self.evicted:
+            return
+        self.evicted = True
+        self._relay.detach(self)
+        if self.on_evict is not None:
+            self.on_evict()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class Relay:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        queue_size: int = 1000,
+        poll_interval_s: float = 2.0,
+        stall_timeout_s: float = 8.0,
+        retention_s: float = 0,
+        batch_size: int = 500,
+    ) -> None:
+        self.queue_size = queue_size
+        self.cursor = 0  # every event up to here has been offered to the subscriptions
+        self._db = db
+        self._poll_interval_s = poll_interval_s
+        self._stall_timeout_s = stall_timeout_s
+        self._retention_s = retention_s
+        self._batch_size = batch_size
+        self._wanted = asyncio.Event()
+        self._subscriptions: set[Subscription] = set()
+        self._by_tenant: dict[str, set[Subscription]] = defaultdict(set)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._subscriptions)
+
+    async def start(self) -> None:
+        async with self._db.reader.connect() as conn:
+            self.cursor = (await outbox_bounds(conn)).newest
+        self._tasks = [
+            asyncio.create_task(self._relay_loop(), name="event-relay"),
+            asyncio.create_task(self._watch_stalls(), name="event-relay-stalls"),
+        ]
+        if self._retention_s > 0:
+            self._tasks.append(asyncio.create_task(self._prune_loop(), name="event-pruner"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def wake(self, seq: int | None) -> None:
+        """A wake-up: seq is the newest committed somewhere, None means "check"."""
+        if seq is None or seq > self.cursor:
+            self._wanted.set()
+
+    async def open(self, event_filter: EventFilter, after: int | None) -> Subscription:
+        """A subscription starting now, or right after the `after` seq."""
+        if after is None:
+            return Subscription(self, event_filter, self.cursor)
+        async with self._db.reader.connect() as conn:
+            bounds = await outbox_bounds(conn)
+        if after > bounds.newest:
+            raise InvalidInput("the cursor is not one this service issued", field="after")
+        if bounds.oldest is not None and after + 1 < bounds.oldest:
+            raise cursor_expired()
+        return Subscription(self, event_filter, after)
+
+    def attach(self, subscription: Subscription) -> None:
+        self._subscriptions.add(subscription)
+        for tenant in subscription.filter.actor.lineage:
+            self._by_tenant[tenant].add(subscription)
+
+    def detach(self, subscription: Subscription) -> None:
+        self._subscriptions.discard(subscription)
+        for tenant in subscription.filter.actor.lineage:
+            members = self._by_tenant.get(tenant)
+            if members is not None:
+                members.discard(subscription)
+                if not members:
+                    del self._by_tenant[tenant]
+
+    async def replay_page(self, subscription: Subscription) -> tuple[list[OutboxEvent], int, bool]:
+        """The subscription's next page from the outbox: (its events, the seq read up to,
+        whether that is the newest committed seq)."""
+        flt = subscription.filter
+        async with self._db.reader.connect() as conn:
+            bounds = await outbox_bounds(conn)
+            if bounds.oldest is not None and subscription.last_seq + 1 < bounds.oldest:
+                raise cursor_expired()
+            events = await read_events(
+                conn,
+                subscription.last_seq,
+                upto=bounds.newest,
+                limit=self._batch_size,
+                tenants=flt.actor.lineage,
+                pool_id=flt.pool_id,
+                types=flt.types,
+            )
+            world = await load_world(conn, {e.pool_id for e in events})
+        complete = len(events) < self._batch_size
+        covered = bounds.newest if complete else events[-1].seq
+        return [e for e in events if delivers(e, flt, world)], covered, complete
+
+    # -- the loops ------------------------------------------------------------------------
+
+    async def _relay_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._wanted.wait()
+            self._wanted.clear()
+            try:
+                await self._drain()
+            except Exception as exc:  # the database is away: the next round retries
+                log.warning("event relay: %s: %s", type(exc).__name__, exc)
+
+    async def _drain(self) -> None:
+        while True:
+            async with self._db.reader.connect() as conn:
+                events = await read_events(conn, self.cursor, limit=self._batch_size)
+                if not events:
+                    return
+                world = await load_world(conn, {e.pool_id for e in events})
+            self._fan_out(events, world)
+            self.cursor = events[-1].seq
+            if len(events) < self._batch_size:
+                return
+
+    def _fan_out(self, events: Collection[OutboxEvent], world: World) -> None:
+        for event in events:
+            for subscription in self._audience_subscriptions(event):
+                if subscription.live and delivers(event, subscription.filter, world):
+                    subscription.offer(event)
+
+    def _audience_subscriptions(self, event: OutboxEvent) -> Collection[Subscription]:
+        """Subscriptions whose tenant, or one of its ancestors, is in the audience."""
+        found = [self._by_tenant.get(tenant) for tenant in event.audience]
+        groups = [g for g in found if g]
+        if len(groups) == 1:
+            return list(groups[0])
+        return set().union(*groups)
+
+    async def _watch_stalls(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, self._stall_timeout_s / 4))
+            now = loop.time()
+            for subscription in list(self._subscriptions):
+                if subscription.stalled(now, self._stall_timeout_s):
+                    log.info("evicting a subscription whose client stopped reading")
+                    subscription.evict()
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                older_than = datetime.now(UTC) - timedelta(seconds=self._retention_s)
+                async with self._db.writer.begin() as conn:
+                    pruned = await prune_events(conn, older_than)
+                if pruned:
+                    log.info("pruned %d events older than %s", pruned, older_than.isoformat())
+            except Exception as exc:  # try again next round
+                log.warning("event pruning: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(min(60.0, max(1.0, self._retention_s / 10)))
+
+
+def relay_for(db: Database, settings: Settings) -> Relay:
+    return Relay(
+        db,
+        queue_size=settings.subscriber_queue_size,
+        poll_interval_s=settings.event_poll_interval_s,
+        stall_timeout_s=settings.subscriber_stall_timeout_s,
+        retention_s=settings.event_retention_s,
+    )

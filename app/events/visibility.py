@@ -1,0 +1,157 @@
+"""Who receives an event: one rule for live delivery and for replay from a cursor.
+
+An event's audience (written in the event's own transaction, CONTRACT section 7) is
+exactly the set of tenants entitled to it when it committed: the owner, the tenant an
+offer concerns, every offered tenant of an update, the removed tenants of an archive.
+So a subscriber's tenant in the audience receives it, live or replayed, whatever
+happened since: an unoffered tenant gets its `pool.unoffered`, and no later event
+names it. Two things are decided on current state instead, from one load per batch:
+
+- a descendant of an audience tenant receives the event while it sees the pool
+  through that tenant's offer with `includeDescendants` (the audience names only the
+  offered tenant, not its subtree);
+- the caller's role binding, when narrowed by pool attributes, must allow
+  `compute:pools:read` on the pool (the per-pool IAM decision).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from app.capacity.reads import Actor, Executor
+from app.capacity.views import Grant
+from app.db.models import AuthzRow, Pool
+from app.events.reader import OutboxEvent
+from app.iam.decisions import PoolAttributes, allows_pool
+from app.iam.roles import POOLS_READ
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    owner: str
+    archived: bool
+    gpu_model: str | None
+    pool_class: str
+    sharing: str
+    region: str
+
+    def attributes_for(self, tenant_id: str) -> PoolAttributes:
+        return PoolAttributes(
+            self.gpu_model, self.pool_class, self.sharing, self.region, self.owner == tenant_id
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthzEntry:
+    tenant_id: str
+    include_descendants: bool
+    attributes: PoolAttributes
+
+
+@dataclass(slots=True)
+class World:
+    """The current pools and authz rows behind one batch of events."""
+
+    pools: dict[str, PoolState]
+    authz: dict[str, list[AuthzEntry]]
+    _grants: dict[tuple[str, str], Grant | None] = field(default_factory=dict)
+
+    def grant(self, actor: Actor, pool_id: str) -> Grant | None:
+        """The row that lets the actor see the pool, as `reads.load_grants` picks it: its
+        own row first, else the nearest ancestor's that includes descendants."""
+        key = (actor.tenant_id, pool_id)
+        if key in self._grants:
+            return self._grants[key]
+        best: AuthzEntry | None = None
+        best_rank = len(actor.lineage)
+        for entry in self.authz.get(pool_id, ()):
+            if entry.tenant_id == actor.tenant_id:
+                rank = 0
+            elif entry.include_descendants and entry.tenant_id in actor.ancestors:
+                rank = actor.lineage.index(entry.tenant_id)
+            else:
+                continue
+            if rank < best_rank:
+                best, best_rank = entry, rank
+        grant = None
+        if best is not None:
+            attributes = best.attributes
+            if best.tenant_id != actor.tenant_id and attributes.owned:
+                attributes = PoolAttributes(
+                    attributes.gpu_model,
+                    attributes.pool_class,
+                    attributes.sharing,
+                    attributes.region,
+                    False,
+                )
+            grant = Grant(tenant_id=best.tenant_id, attributes=attributes)
+        self._grants[key] = grant
+        return grant
+
+
+async def load_world(executor: Executor, pool_ids: Collection[str]) -> World:
+    ids = sorted(set(pool_ids))
+    if not ids:
+        return World({}, {})
+    pools = {
+        r.id: PoolState(r.tenant_id, r.archived, r.gpu_model, r.pool_class, r.sharing, r.region)
+        for r in (
+            await executor.execute(
+                select(
+                    Pool.id,
+                    Pool.tenant_id,
+                    Pool.archived,
+                    Pool.gpu_model,
+                    Pool.pool_class,
+                    Pool.sharing,
+                    Pool.region,
+                ).where(Pool.id.in_(ids))
+            )
+        ).all()
+    }
+    authz: dict[str, list[AuthzEntry]] = defaultdict(list)
+    for r in (await executor.execute(select(AuthzRow).where(AuthzRow.pool_id.in_(ids)))).scalars():
+        authz[r.pool_id].append(
+            AuthzEntry(
+                r.tenant_id,
+                r.include_descendants,
+                PoolAttributes(r.gpu_model, r.pool_class, r.sharing, r.region, r.owned),
+            )
+        )
+    return World(pools, dict(authz))
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """What one subscription asked for: its actor, and optionally one pool and some types."""
+
+    actor: Actor
+    pool_id: str | None = None
+    types: frozenset[str] | None = None
+
+    def wants(self, event: OutboxEvent) -> bool:
+        return (self.pool_id is None or event.pool_id == self.pool_id) and (
+            self.types is None or event.type in self.types
+        )
+
+
+def delivers(event: OutboxEvent, subscription: EventFilter, world: World) -> bool:
+    """Whether `event` goes to this subscription."""
+    if not subscription.wants(event):
+        return False
+    actor = subscription.actor
+    pool = world.pools.get(event.pool_id)
+    if pool is None:  # pools are never deleted; nothing to show without one
+        return False
+    grant = world.grant(actor, event.pool_id)
+    if actor.tenant_id in event.audience:
+        attributes = grant.attributes if grant is not None else pool.attributes_for(actor.tenant_id)
+        return allows_pool(actor.principal, POOLS_READ, attributes)
+    # A descendant, through the offer of the audience tenant that lets it see the pool now.
+    if grant is None or grant.tenant_id == actor.tenant_id or grant.tenant_id not in event.audience:
+        return False
+    return not pool.archived and allows_pool(actor.principal, POOLS_READ, grant.attributes)

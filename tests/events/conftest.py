@@ -1,0 +1,48 @@
+"""Fixtures for the event tests: apps with event settings, a PostgreSQL-only database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest_asyncio
+from starlette.applications import Starlette
+
+from app.config import Settings
+from app.db.engine import Database, create_database
+from app.server import create_app
+from tests.databases import empty_tables
+
+AppFactory = Callable[..., AbstractAsyncContextManager[Starlette]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pg_database_url(database_url_for: Callable[[str], Awaitable[str]]) -> str:
+    """The run's PostgreSQL database, emptied (for what only PostgreSQL has)."""
+    url = await database_url_for("postgresql")
+    await empty_tables(url)
+    return url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pg_db(pg_database_url: str) -> AsyncIterator[Database]:
+    database = create_database(pg_database_url)
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def app_with(database_url: str) -> AppFactory:
+    """`async with app_with(subscriber_queue_size=5) as app:` the real app, lifespan
+    running, on this test's database, with some settings changed."""
+
+    @asynccontextmanager
+    async def start(**overrides: Any) -> AsyncIterator[Starlette]:
+        application = create_app(Settings(database_url=database_url, **overrides))
+        async with application.router.lifespan_context(application):
+            yield application
+
+    return start
