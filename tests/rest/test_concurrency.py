@@ -1,0 +1,178 @@
+"""Concurrent calls through the real HTTP app (CONTRACT section 5: "No interleaving of
+concurrent calls may ever book past a quota or past capacity").
+
+The calls share one event loop and go through the app's connection pool, so on PostgreSQL
+they really interleave in the database; SQLite serialises writers, which the same tests
+check too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import httpx
+
+from app.db.engine import Database
+from tests.rest.scene import Scene, authz_tenants, events, offer_tenants, quota_rows, quotas
+from tests.support import Api, Fleet
+
+CALLS = 200
+LIMIT = 50
+
+
+async def _book_one_each(s: Scene, pool_id: str, calls: int) -> list[httpx.Response]:
+    body = {"tenantId": s.owner, "poolId": pool_id, "resources": {"gpu": 1}}
+    return list(
+        await asyncio.gather(
+            *(s.api.post(s.token, "reservations/create", body) for _ in range(calls))
+        )
+    )
+
+
+def _outcomes(responses: list[httpx.Response]) -> Counter[str]:
+    return Counter("ok" if r.status_code == 200 else r.json()["error"]["code"] for r in responses)
+
+
+async def _active_gpus(s: Scene, pool_id: str) -> int:
+    body = {"tenantId": s.owner, "poolId": pool_id}
+    listed = await s.api.ok(s.token, "reservations/list", body)
+    return sum(r["resources"]["gpu"] for r in listed["reservations"] if r["state"] == "active")
+
+
+async def test_concurrent_bookings_never_pass_the_quota(api: Api, fleet: Fleet) -> None:
+    s = await Scene.start(api, fleet)
+    pool = await s.pool(ownerQuota={"gpu": LIMIT})
+    await fleet.node(pool["id"], 1000)
+
+    responses = await _book_one_each(s, pool["id"], CALLS)
+    assert _outcomes(responses) == {"ok": LIMIT, "RESOURCE_EXHAUSTED": CALLS - LIMIT}
+    assert {r.json()["error"]["details"]["limit"] for r in responses if r.status_code != 200} == {
+        "quota"
+    }
+    assert await _active_gpus(s, pool["id"]) == LIMIT
+    assert quotas(await s.get(pool["id"])) == {"gpu": (LIMIT, LIMIT)}
+    assert (await s.capacity(pool["id"]))["gpu"]["booked"] == LIMIT
+
+
+async def test_concurrent_bookings_never_pass_capacity(api: Api, fleet: Fleet) -> None:
+    s = await Scene.start(api, fleet)
+    pool = await s.pool()  # the default owner quota: 2,147,483,647 GPUs
+    await fleet.node(pool["id"], LIMIT)
+
+    responses = await _book_one_each(s, pool["id"], CALLS)
+    assert _outcomes(responses) == {"ok": LIMIT, "RESOURCE_EXHAUSTED": CALLS - LIMIT}
+    refused = [r.json()["error"]["details"] for r in responses if r.status_code != 200]
+    assert {(d["field"], d["limit"]) for d in refused} == {("resources.gpu", "capacity")}
+
+    # Releases racing new bookings: whatever the order, nothing passes capacity and the
+    # counters match the bookings that are left.
+    held = [r.json()["reservation"]["id"] for r in responses if r.status_code == 200]
+    releases = [s.release(rsv_id) for rsv_id in held[: LIMIT // 2]]
+    body = {"tenantId": s.owner, "poolId": pool["id"], "resources": {"gpu": 1}}
+    bookings = [s.api.post(s.token, "reservations/create", body) for _ in range(LIMIT)]
+    results: list[Any] = await asyncio.gather(*releases, *bookings)
+    assert _outcomes(results[len(releases) :]).keys() <= {"ok", "RESOURCE_EXHAUSTED"}
+
+    active = await _active_gpus(s, pool["id"])
+    gpu = (await s.capacity(pool["id"]))["gpu"]
+    assert LIMIT // 2 <= active <= LIMIT
+    assert (gpu["booked"], gpu["available"]) == (active, LIMIT - active)
+    assert quotas(await s.get(pool["id"]))["gpu"][1] == active
+
+
+async def test_concurrent_creates_with_one_idempotency_key_make_one_pool(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    s = await Scene.start(api, fleet)
+    body = {"tenantId": "acme", "siteId": s.site, "class": "metal-host", "idempotencyKey": "k"}
+    responses = await asyncio.gather(*(api.post(s.token, "pools/create", body) for _ in range(30)))
+    assert [r.status_code for r in responses] == [200] * 30, responses[0].text
+    assert {r.json()["pool"]["id"] for r in responses} == {responses[0].json()["pool"]["id"]}
+    listed = (await api.ok(s.token, "pools/list", {"tenantId": "acme"}))["pools"]
+    assert len(listed) == 1
+    assert [e.type for e in await events(db)] == ["pool.created"]
+
+
+async def test_concurrent_offers_unoffers_and_archive_keep_offers_and_authz_rows_together(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """Every offer has its authz row and every authz row its offer, whatever the interleaving;
+    an unoffered tenant's rows are dropped to use, and bookings racing both stay counted."""
+    s = await Scene.start(api, fleet)
+    guests = ["beta", "gamma", "delta", "eps", "zeta"]
+    tokens = {g: await s.guest(g, role="operator") for g in guests}
+    pool = await s.pool()
+    pool_id = pool["id"]
+    await fleet.node(pool_id, 20)
+    rng = random.Random(7)
+    made: Counter[str] = Counter()
+
+    async def offer(tenant: str, after_archive: bool = False) -> str:
+        quota = {"gpu": rng.randint(0, 4)}
+        body = s.body(pool_id, toTenantId=tenant, quota=quota)
+        response = await api.post(
+            s.token, "pools/offer", body | {"includeDescendants": rng.random() < 0.3}
+        )
+        if response.status_code == 200:
+            return "offered"
+        # Only an offer that lost the race to the archive may fail.
+        assert after_archive and response.json()["error"]["code"] == "INVALID_STATE", response.text
+        return "refused"
+
+    async def unoffer(tenant: str) -> str:
+        return "unoffered" if await s.unoffer(pool_id, tenant) else "noop"
+
+    async def book(tenant: str) -> str:
+        body = {"tenantId": tenant, "poolId": pool_id, "resources": {"gpu": 1}}
+        response = await api.post(tokens[tenant], "reservations/create", body)
+        if response.status_code == 200:
+            return "booked"
+        code: str = response.json()["error"]["code"]
+        assert code in ("NOT_FOUND", "RESOURCE_EXHAUSTED"), response.text
+        return code
+
+    async def active(tenant: str) -> int:
+        listed = await api.ok(tokens[tenant], "reservations/list", {"tenantId": tenant})
+        return sum(r["resources"]["gpu"] for r in listed["reservations"] if r["state"] == "active")
+
+    async def check() -> None:
+        offered = await offer_tenants(db, pool_id)
+        assert offered == await authz_tenants(db, pool_id)
+        for g in guests:
+            rows = await quota_rows(db, pool_id, g)
+            assert rows["gpu"][1] == await active(g), g
+            assert rows["gpu"][0] >= rows["gpu"][1], g
+            if g not in offered:
+                assert rows["gpu"][0] == rows["gpu"][1], g
+            status = (
+                await api.post(tokens[g], "pools/get", {"tenantId": g, "poolId": pool_id})
+            ).status_code
+            assert status == (200 if g in offered else 404), g
+
+    for _ in range(10):
+        calls = [c for g in guests for c in (offer(g), unoffer(g), book(g))]
+        rng.shuffle(calls)
+        made.update(await asyncio.gather(*calls))
+        await check()
+
+    async def archive() -> str:
+        await s.archive(pool_id)
+        return "archived"
+
+    final = [offer(g, after_archive=True) for g in guests] + [unoffer(g) for g in guests]
+    final.append(archive())
+    rng.shuffle(final)
+    made.update(await asyncio.gather(*final))
+
+    assert await offer_tenants(db, pool_id) == await authz_tenants(db, pool_id) == {"acme"}
+    assert (await s.get(pool_id))["archived"] is True
+    written = Counter(e.type for e in await events(db, pool_id))
+    assert written["pool.offered"] == made["offered"]
+    assert written["pool.unoffered"] == made["unoffered"]
+    assert written["pool.archived"] == made["archived"] == 1
+    assert made["booked"] > 0  # the bookings did race the offers
+    gpu = (await s.capacity(pool_id))["gpu"]
+    assert gpu["booked"] == made["booked"] == sum([await active(g) for g in guests])
