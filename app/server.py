@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from app.capacity.service import Capacity
 from app.config import Settings
@@ -18,6 +19,8 @@ from app.events.relay import relay_for
 from app.rest.errors import error_response
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
+from schema.app import build_schema
+from schema.view import GraphQLView
 
 
 async def healthz(_: Request) -> Response:
@@ -26,6 +29,24 @@ async def healthz(_: Request) -> Response:
 
 async def _unhandled(_: Request, exc: Exception) -> Response:
     return error_response(exc)
+
+
+_gc_tuned = False
+
+
+def tune_gc() -> None:
+    """Once per process, after start-up: move everything built so far (modules, the
+    schema, engines) out of the collector's sight, and collect the youngest generation
+    less often. A large GraphQL answer allocates tens of thousands of short-lived objects;
+    with the defaults the collector ran dozens of times per request, rescanning that
+    long-lived heap, and throughput fell as concurrency rose (docs/performance.md)."""
+    global _gc_tuned
+    if _gc_tuned:
+        return
+    _gc_tuned = True
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -43,6 +64,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.bus = bus
         app.state.relay = relay
         app.state.capacity = Capacity(db, bus.notify)
+        tune_gc()
         try:
             yield
         finally:
@@ -50,8 +72,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await relay.stop()
             await db.dispose()
 
+    # One endpoint for queries, mutations (POST; GET for queries) and both websocket
+    # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
+    graphql = GraphQLView(build_schema(settings), settings)
     return Starlette(
-        routes=[*routes(), Route("/healthz", healthz)],
+        routes=[
+            *routes(),
+            Route("/healthz", healthz),
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", graphql),
+        ],
         lifespan=lifespan,
         exception_handlers={Exception: _unhandled},
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.errors import pool_not_found
+from app.capacity.errors import PermissionDenied, pool_not_found
 from app.capacity.reads import (
     Actor,
     Executor,
@@ -22,7 +22,7 @@ from app.capacity.views import PoolDetail, PoolView
 from app.db.models import AuthzRow, Pool
 from app.iam.decisions import PoolAttributes, allows_pool, decide_pool, decide_tenant
 from app.iam.principal import Principal
-from app.iam.roles import POOLS_SHARE
+from app.iam.roles import CAPACITY_READ, POOLS_SHARE
 
 
 async def resolve_actor(
@@ -54,6 +54,26 @@ async def lock_owned_pool(
 
 def sees_offers(principal: Principal, pool: PoolView) -> bool:
     return pool.owned and allows_pool(principal, POOLS_SHARE, pool.grant.attributes)
+
+
+def sees_capacity(principal: Principal, pool: PoolView) -> bool:
+    return allows_pool(principal, CAPACITY_READ, pool.grant.attributes)
+
+
+def offers_denied(principal: Principal, pool: PoolView) -> PermissionDenied | None:
+    """Why a visible pool's offers are withheld from this caller, or None if they are not."""
+    if not pool.owned:
+        return PermissionDenied("offers are shown to the pool's owner only", field="offers")
+    if not sees_offers(principal, pool):
+        return PermissionDenied(f"{POOLS_SHARE} is not granted on this pool", field="offers")
+    return None
+
+
+def capacity_denied(principal: Principal, pool: PoolView) -> PermissionDenied | None:
+    """Why a visible pool's rollup is withheld from this caller, or None if it is not."""
+    if not sees_capacity(principal, pool):
+        return PermissionDenied(f"{CAPACITY_READ} is not granted on this pool", field="capacity")
+    return None
 
 
 async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDetail:

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from app.capacity.errors import InvalidInput
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
+POOL_ID_PATTERN = rf"pool_{ULID_TAIL}"
+RESERVATION_ID_PATTERN = rf"rsv_{ULID_TAIL}"
 MAX_AMOUNT = 2**63 - 1
 
 TenantId = Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
@@ -101,6 +103,13 @@ class ReleaseReservationInput(MethodInput):
 
 
 class ListReservationsInput(MethodInput):
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId | None = Field(default=None, alias="poolId")
+
+
+class ListQuotasInput(MethodInput):
+    """The acting tenant's own quota rows, in every visible pool or in one."""
+
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId | None = Field(default=None, alias="poolId")
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, literal, or_, select
+from sqlalchemy import Row, Select, and_, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.capacity.errors import NotFound, pool_not_found
@@ -136,6 +136,17 @@ async def visible_pools(
     return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
 
 
+async def visible_pools_by_id(
+    executor: Executor, actor: Actor, pool_ids: Sequence[str]
+) -> dict[str, PoolView]:
+    """Many pools at once, as the actor sees them; ids it cannot see are simply absent."""
+    if not pool_ids:
+        return {}
+    pools = (await executor.execute(_visible_pools_query(actor).where(Pool.id.in_(pool_ids)))).all()
+    grants = await load_grants(executor, actor, [p.id for p in pools])
+    return {p.id: _pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants}
+
+
 async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:
     """One pool as the actor sees it, or the same NOT_FOUND whether it is missing or hidden."""
     pool = (
@@ -157,7 +168,7 @@ async def quotas_of(
     )
     found: dict[str, list[QuotaView]] = defaultdict(list)
     for r in rows:
-        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used))
+        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used, r.pool_id))
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
 
 
@@ -201,7 +212,7 @@ async def offers_of(
     ).all()
     quotas: dict[tuple[str, str], list[QuotaView]] = defaultdict(list)
     for q in quota_rows:
-        quotas[(q.pool_id, q.tenant_id)].append(QuotaView(q.resource, q.max, q.used))
+        quotas[(q.pool_id, q.tenant_id)].append(QuotaView(q.resource, q.max, q.used, q.pool_id))
     found: dict[str, list[OfferView]] = defaultdict(list)
     for o in offers:
         found[o.pool_id].append(
@@ -248,3 +259,32 @@ async def reservations_of(
     if limit is not None:
         query = query.limit(limit)
     return [reservation_view(r) for r in (await executor.execute(query))]
+
+
+async def reservations_pages(
+    executor: Executor,
+    tenant_id: str,
+    pool_ids: Sequence[str],
+    *,
+    after: str | None,
+    limit: int,
+) -> dict[str, list[ReservationView]]:
+    """The tenant's reservations in each pool, id order, at most `limit` per pool after
+    `after`: one statement for any number of pools (a window over the pool)."""
+    if not pool_ids:
+        return {}
+    table = Reservation.__table__
+    ranked_query = select(
+        table,
+        func.row_number().over(partition_by=table.c.pool_id, order_by=table.c.id).label("rank"),
+    ).where(table.c.tenant_id == tenant_id, table.c.pool_id.in_(pool_ids))
+    if after is not None:
+        ranked_query = ranked_query.where(table.c.id > after)
+    ranked = ranked_query.subquery()
+    rows = await executor.execute(
+        select(ranked).where(ranked.c.rank <= limit).order_by(ranked.c.pool_id, ranked.c.id)
+    )
+    found: dict[str, list[ReservationView]] = defaultdict(list)
+    for r in rows:
+        found[r.pool_id].append(reservation_view(r))
+    return {pool_id: found.get(pool_id, []) for pool_id in pool_ids}

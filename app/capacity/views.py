@@ -14,6 +14,7 @@ class QuotaView:
     resource: str
     max: int
     used: int
+    pool_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,7 @@ class Subscription:
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
         self.evicted = False
+        self.resyncs = 0  # how often the mailbox overflowed and the outbox was read instead
         self._relay = relay
         self._task: asyncio.Task[object] | None = None
         self._waiting_since: float | None = None  # when the client last had to take a message
@@ -134,6 +135,7 @@ class Subscription:
     def offer(self, event: OutboxEvent) -> None:
         if self.live and not self.mailbox.put(event):
             self.live = False
+            self.resyncs += 1
 
     def stalled(self, now: float, timeout_s: float) -> bool:
         return self._waiting_since is not None and now - self._waiting_since > timeout_s
@@ -162,7 +164,7 @@ class Relay:
     ) -> None:
         self.queue_size = queue_size
         self.cursor = 0  # every event up to here has been offered to the subscriptions
-        self._db = db
+        self.db = db
         self._poll_interval_s = poll_interval_s
         self._stall_timeout_s = stall_timeout_s
         self._retention_s = retention_s
@@ -177,7 +179,7 @@ class Relay:
         return len(self._subscriptions)
 
     async def start(self) -> None:
-        async with self._db.reader.connect() as conn:
+        async with self.db.reader.connect() as conn:
             self.cursor = (await outbox_bounds(conn)).newest
         self._tasks = [
             asyncio.create_task(self._relay_loop(), name="event-relay"),
@@ -201,10 +203,10 @@ class Relay:
 
     async def open(self, event_filter: EventFilter, after: int | None) -> Subscription:
         """A subscription starting now, or right after the `after` seq."""
-        if after is None:
-            return Subscription(self, event_filter, self.cursor)
-        async with self._db.reader.connect() as conn:
+        async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
+        if after is None:
+            return Subscription(self, event_filter, bounds.newest)
         if after > bounds.newest:
             raise InvalidInput("the cursor is not one this service issued", field="after")
         if bounds.oldest is not None and after + 1 < bounds.oldest:
@@ -229,7 +231,7 @@ class Relay:
         """The subscription's next page from the outbox: (its events, the seq read up to,
         whether that is the newest committed seq)."""
         flt = subscription.filter
-        async with self._db.reader.connect() as conn:
+        async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
             if bounds.oldest is not None and subscription.last_seq + 1 < bounds.oldest:
                 raise cursor_expired()
@@ -262,7 +264,7 @@ class Relay:
 
     async def _drain(self) -> None:
         while True:
-            async with self._db.reader.connect() as conn:
+            async with self.db.reader.connect() as conn:
                 events = await read_events(conn, self.cursor, limit=self._batch_size)
                 if not events:
                     return
@@ -300,7 +302,7 @@ class Relay:
         while True:
             try:
                 older_than = datetime.now(UTC) - timedelta(seconds=self._retention_s)
-                async with self._db.writer.begin() as conn:
+                async with self.db.writer.begin() as conn:
                     pruned = await prune_events(conn, older_than)
                 if pruned:
                     log.info("pruned %d events older than %s", pruned, older_than.isoformat())

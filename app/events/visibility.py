@@ -114,7 +114,8 @@ async def load_world(executor: Executor, pool_ids: Collection[str]) -> World:
         ).all()
     }
     authz: dict[str, list[AuthzEntry]] = defaultdict(list)
-    for r in (await executor.execute(select(AuthzRow).where(AuthzRow.pool_id.in_(ids)))).scalars():
+    rows = await executor.execute(select(AuthzRow.__table__).where(AuthzRow.pool_id.in_(ids)))
+    for r in rows:
         authz[r.pool_id].append(
             AuthzEntry(
                 r.tenant_id,

@@ -1,0 +1,75 @@
+"""The per-request GraphQL context: who is calling, the domain, a read scope, loaders."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.websockets import WebSocket
+
+from app.capacity.service import Capacity
+from app.config import Settings
+from app.iam.callers import authenticate
+from app.iam.principal import Principal
+from schema.loaders import Loaders, create_loaders
+from schema.read_scope import ReadScope
+
+T = TypeVar("T")
+
+
+@dataclass
+class Context:
+    request: Request | WebSocket
+    response: Response | WebSocket | None
+    capacity: Capacity
+    settings: Settings
+    # graphql-transport-ws / graphql-ws: the connection_init payload (strawberry sets it).
+    connection_params: dict[str, object] | None = None
+    reads: ReadScope = field(init=False)
+    loaders: Loaders = field(init=False)
+    _principal: asyncio.Task[Principal] | None = field(default=None, init=False)
+    # Operations running on this context; a websocket runs several on one context.
+    active_operations: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.reads = ReadScope(self.capacity.db)
+        self.loaders = create_loaders(self.reads, self.principal)
+
+    def authorization(self) -> str | None:
+        """`Authorization: Bearer ...` from the request, or from a websocket's
+        connection_init payload (`{"authorization": "Bearer ..."}`), CONTRACT section 2."""
+        header = self.request.headers.get("authorization")
+        if header is None and self.connection_params is not None:
+            value = self.connection_params.get("authorization")
+            header = value if isinstance(value, str) else None
+        return header
+
+    async def principal(self) -> Principal:
+        """Authenticate once, on first use; a failure is UNAUTHENTICATED every time."""
+        if self._principal is None:
+            self._principal = asyncio.ensure_future(
+                authenticate(self.capacity.db, self.authorization())
+            )
+        return await asyncio.shield(self._principal)
+
+    def forget_principal(self) -> None:
+        """Authenticate again on next use (a websocket whose connection_init changed it)."""
+        self._principal = None
+
+    async def refresh_reads(self) -> None:
+        """Drop what this request has read: a new read transaction and empty loaders."""
+        await self.reads.close()
+        self.loaders = create_loaders(self.reads, self.principal)
+
+    async def write(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one domain write (one unit of work, opened by the domain). Reads before it
+        are let go so nothing stale is served after it (SQLite keeps a read snapshot)."""
+        await self.refresh_reads()
+        try:
+            return await call()
+        finally:
+            await self.refresh_reads()

@@ -1,0 +1,77 @@
+"""Pools for a response: domain views plus the nested lists the query selects, loaded for
+every pool at once through the request's DataLoaders (one batch per kind of row)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from app.capacity.access import capacity_denied, offers_denied
+from app.capacity.views import CapacityView, OfferView, PoolDetail, PoolView, QuotaView
+from app.iam.principal import Principal
+from schema.context import Context
+from schema.types.pool import Denied, Pool, pool_from_view
+
+_NOT_LOADED: tuple[()] = ()
+
+
+async def build_pools(
+    ctx: Context,
+    principal: Principal,
+    tenant_id: str,
+    views: Sequence[PoolView],
+    selected: set[str],
+    *,
+    quotas: dict[str, tuple[QuotaView, ...]] | None = None,
+) -> list[Pool]:
+    """`selected` names the Pool fields the query asks for; only those are loaded.
+    Per-pool IAM (capacity, offers) is decided over each view's loaded authz row."""
+    loaders = ctx.loaders
+    capacity_denials = {
+        v.id: capacity_denied(principal, v) for v in views if "capacity" in selected
+    }
+    offer_denials = {v.id: offers_denied(principal, v) for v in views if "offers" in selected}
+    want_quotas = "quotas" in selected and quotas is None
+    cap_ids = [pool_id for pool_id, denied in capacity_denials.items() if denied is None]
+    offer_ids = [pool_id for pool_id, denied in offer_denials.items() if denied is None]
+
+    quota_ids = [v.id for v in views] if want_quotas else []
+    loaded_quotas, loaded_capacity, loaded_offers = await asyncio.gather(
+        loaders.quotas.load_many([(tenant_id, pool_id) for pool_id in quota_ids]),
+        loaders.capacity.load_many(cap_ids),
+        loaders.offers.load_many(offer_ids),
+    )
+    quota_map = quotas if quotas is not None else dict(zip(quota_ids, loaded_quotas, strict=True))
+    capacity_map = dict(zip(cap_ids, loaded_capacity, strict=True))
+    offer_map = dict(zip(offer_ids, loaded_offers, strict=True))
+
+    def capacity_of(view: PoolView) -> Sequence[CapacityView] | Denied | None:
+        if "capacity" not in selected:
+            return None
+        return capacity_denials[view.id] or capacity_map[view.id]
+
+    def offers_of(view: PoolView) -> Sequence[OfferView] | Denied | None:
+        if "offers" not in selected:
+            return None
+        return offer_denials[view.id] or offer_map[view.id]
+
+    return [
+        pool_from_view(
+            v,
+            tenant_id,
+            quotas=quota_map.get(v.id, _NOT_LOADED),
+            capacity=capacity_of(v),
+            offers=offers_of(v),
+        )
+        for v in views
+    ]
+
+
+async def pool_from_detail(
+    ctx: Context, principal: Principal, tenant_id: str, detail: PoolDetail, selected: set[str]
+) -> Pool:
+    """A pool a domain call returned with the tenant's quota rows (mutations, get)."""
+    (pool,) = await build_pools(
+        ctx, principal, tenant_id, [detail.pool], selected, quotas={detail.pool.id: detail.quotas}
+    )
+    return pool

@@ -1,0 +1,124 @@
+"""Query root: one field per read method of the seed (list, get, capacity) plus quotas
+and the catalog. Resolvers translate to domain calls and back; nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import strawberry
+
+from app.capacity import listing, pools
+from app.capacity.inputs import (
+    CapacityInput,
+    GetPoolInput,
+    ListPoolsInput,
+    ListQuotasInput,
+    parse_input,
+)
+from app.capacity.views import CapacityView, QuotaView
+from app.catalog import POOL_METHODS
+from schema.context import Context
+from schema.lookahead import selected_below
+from schema.pool_nodes import build_pools, pool_from_detail
+from schema.types.capacity_row import CapacityRow
+from schema.types.method import Method
+from schema.types.pool import Pool
+from schema.types.pool_connection import PoolConnection
+from schema.types.quota import Quota
+from schema.types.reservation import page_info
+
+Info = strawberry.Info[Context, None]
+
+# The seed's input tables are validated by the domain (parse_input), so a script gets the
+# same INVALID_INPUT, with the same field, as on REST.
+_TENANT = "The tenant the caller acts for (CONTRACT section 2)."
+_POOL = "The pool, `pool_<ulid>`."
+
+
+@strawberry.type(description="Reads of the pools method group.")
+class Query:
+    @strawberry.field(
+        description="The seed's `list`: the pools the tenant owns or is offered, each with "
+        "owned, archived and the tenant's own quota rows; archived pools only for their "
+        "owner. Each pool is checked as compute:pools:read. Keyset-paged: `first` 0 to 100."
+    )
+    async def pools(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        first: Annotated[
+            int | None, strawberry.argument(description="How many pools, 0 to 100.")
+        ] = 50,
+        after: Annotated[
+            str | None, strawberry.argument(description="The endCursor of the previous page.")
+        ] = None,
+    ) -> PoolConnection:
+        ctx = info.context
+        principal = await ctx.principal()
+        inp = parse_input(ListPoolsInput, {"tenantId": tenant_id})
+        request = listing.pools_page_request(first, after)
+        page = await ctx.reads.run(lambda conn: listing.page_pools(conn, principal, inp, request))
+        selected = selected_below(info, ("nodes",), ("edges", "node"))
+        nodes = await build_pools(ctx, principal, inp.tenant_id, page.items, selected)
+        return PoolConnection(nodes=nodes, page_info=page_info(page, [p.id for p in nodes]))
+
+    @strawberry.field(
+        description="The seed's `get`: one pool as the tenant sees it. NOT_FOUND when it is "
+        "not owned by or offered to the tenant, or archived and the tenant is not its owner."
+    )
+    async def pool(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        pool_id: Annotated[strawberry.ID, strawberry.argument(description=_POOL)],
+    ) -> Pool:
+        ctx = info.context
+        principal = await ctx.principal()
+        inp = parse_input(GetPoolInput, {"tenantId": tenant_id, "poolId": pool_id})
+        detail = await ctx.reads.run(lambda conn: pools.get_pool(conn, principal, inp))
+        return await pool_from_detail(
+            ctx, principal, inp.tenant_id, detail, selected_below(info, ())
+        )
+
+    @strawberry.field(
+        graphql_type=list[CapacityRow],
+        description="The seed's `capacity`: one pool's rollup rows, one per resource. "
+        "Needs compute:capacity:read on the pool; NOT_FOUND when it is not visible.",
+    )
+    async def capacity(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        pool_id: Annotated[strawberry.ID, strawberry.argument(description=_POOL)],
+    ) -> Sequence[CapacityView]:
+        ctx = info.context
+        principal = await ctx.principal()
+        inp = parse_input(CapacityInput, {"tenantId": tenant_id, "poolId": pool_id})
+        return await ctx.reads.run(lambda conn: pools.pool_capacity(conn, principal, inp))
+
+    @strawberry.field(
+        graphql_type=list[Quota],
+        description="The tenant's own quota rows, in every pool it may read or in one "
+        "(NOT_FOUND, as `pool`, when that one is not visible).",
+    )
+    async def quotas(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        pool_id: Annotated[
+            strawberry.ID | None, strawberry.argument(description="Only this pool's rows.")
+        ] = None,
+    ) -> Sequence[QuotaView]:
+        ctx = info.context
+        principal = await ctx.principal()
+        payload: dict[str, object] = {"tenantId": tenant_id}
+        if pool_id is not None:
+            payload["poolId"] = pool_id
+        inp = parse_input(ListQuotasInput, payload)
+        return await ctx.reads.run(lambda conn: listing.list_quotas(conn, principal, inp))
+
+    @strawberry.field(description="The seed's method table for the pools group.")
+    async def catalog(self, info: Info) -> list[Method]:
+        await info.context.principal()
+        return [Method.from_catalog(m) for m in POOL_METHODS]

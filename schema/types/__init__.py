@@ -1,0 +1,1 @@
+"""One GraphQL type per module."""

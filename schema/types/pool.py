@@ -1,0 +1,127 @@
+"""Pool: a pool as the acting tenant sees it (the REST Pool, plus nested reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, cast
+
+import strawberry
+from strawberry.scalars import JSON
+
+from app.capacity.errors import DomainError
+from app.capacity.listing import check_reservations, reservations_page_request
+from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
+from schema.context import Context
+from schema.types.capacity_row import CapacityRow
+from schema.types.enums import Agent, PoolClass, Sharing
+from schema.types.offer import Offer
+from schema.types.quota import Quota
+from schema.types.reservation import ReservationConnection
+
+# Nested lists are loaded for a whole page at once (schema/pool_nodes.py) and stored on
+# each Pool, so every field here but `reservations` is a plain attribute: no resolver,
+# no future, no per-field hook inside large lists. A field its caller may not see holds
+# the domain error instead; graphql-core raises it at that field, which resolves to null
+# with its own error while the rest of the query answers.
+Denied = DomainError
+
+
+@strawberry.type(
+    description="A pool groups the nodes of one site under one GPU model, one sharing mode "
+    "and one policy; every reservation and quota belongs to exactly one pool. Shown as the "
+    "acting tenant sees it: its own quota rows, and offers for the owner."
+)
+class Pool:
+    id: strawberry.ID = strawberry.field(description="`pool_<ulid>`.")
+    tenant_id: str = strawberry.field(description="The owner: the tenant that created it.")
+    site_id: strawberry.ID = strawberry.field(description="The site whose nodes it groups.")
+    pool_class: PoolClass = strawberry.field(name="class", description="The pool's class.")
+    gpu_model: str | None = strawberry.field(description="The GPU model of its nodes.")
+    sharing: Sharing = strawberry.field(description="How its GPUs are shared.")
+    agent: Agent = strawberry.field(description="The node agent its machines run.")
+    policy: JSON = strawberry.field(
+        description="The pool policy (v1.1) as nodes get it: hugepages, kernelModules, "
+        "kubernetes, platformOperated, sharing, migLayout, singleTenant, prewarmImages."
+    )
+    provider_account_id: strawberry.ID | None = strawberry.field(
+        description="The provider account of a PROVIDER pool; null for other classes."
+    )
+    region: str = strawberry.field(description="The region of its site.")
+    owned: bool = strawberry.field(description="Whether the acting tenant owns it.")
+    archived: bool = strawberry.field(
+        description="Whether it is retired; only the owner sees an archived pool."
+    )
+    version: int = strawberry.field(description="Starts at 1; every update adds 1.")
+    created_at: datetime = strawberry.field(description="When it was created.")
+    updated_at: datetime = strawberry.field(description="When it last changed.")
+    quotas: Sequence[QuotaView] = strawberry.field(
+        graphql_type=list[Quota],
+        description="The acting tenant's own quota rows on the pool (never another tenant's).",
+    )
+    capacity: Sequence[CapacityView] | Denied | None = strawberry.field(
+        graphql_type=list[CapacityRow] | None,
+        description="The pool's rollup, one row per resource. Needs compute:capacity:read "
+        "on the pool; otherwise null with a PERMISSION_DENIED error.",
+    )
+    offers: Sequence[OfferView] | Denied | None = strawberry.field(
+        graphql_type=list[Offer] | None,
+        description="Every offer of the pool, the owner's own included. Shown to the owner "
+        "with compute:pools:share only; otherwise null with a PERMISSION_DENIED error.",
+    )
+    view: strawberry.Private[PoolView]
+    view_tenant: strawberry.Private[str]  # the acting tenant the pool was read for
+
+    @strawberry.field(description="The acting tenant's own reservations in the pool.")
+    async def reservations(
+        self,
+        info: strawberry.Info[Context, None],
+        first: Annotated[
+            int | None, strawberry.argument(description="How many reservations, 0 to 100.")
+        ] = 50,
+        after: Annotated[
+            str | None, strawberry.argument(description="The endCursor of the previous page.")
+        ] = None,
+    ) -> ReservationConnection:
+        ctx = info.context
+        page = reservations_page_request(first, after)
+        check_reservations(await ctx.principal(), self.view)
+        # The acting tenant: the one the pool was read for (`owned` etc. are its view).
+        loaded = await ctx.loaders.reservations.load(
+            (self.view_tenant, self.view.id, page.first, page.after)
+        )
+        return ReservationConnection.from_page(loaded)
+
+
+def pool_from_view(
+    view: PoolView,
+    tenant_id: str,
+    *,
+    quotas: Sequence[QuotaView],
+    capacity: Sequence[CapacityView] | Denied | None,
+    offers: Sequence[OfferView] | Denied | None,
+) -> Pool:
+    return Pool(
+        id=strawberry.ID(view.id),
+        tenant_id=view.tenant_id,
+        site_id=strawberry.ID(view.site_id),
+        pool_class=PoolClass(view.pool_class),
+        gpu_model=view.gpu_model,
+        sharing=Sharing(view.sharing),
+        agent=Agent(view.agent),
+        policy=cast(JSON, view.policy),
+        provider_account_id=(
+            None if view.provider_account_id is None else strawberry.ID(view.provider_account_id)
+        ),
+        region=view.region,
+        owned=view.owned,
+        archived=view.archived,
+        version=view.version,
+        created_at=view.created_at,
+        updated_at=view.updated_at,
+        quotas=quotas,
+        capacity=capacity,
+        offers=offers,
+        view=view,
+        view_tenant=tenant_id,
+    )

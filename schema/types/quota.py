@@ -1,0 +1,24 @@
+"""Quota: one quota row, (pool, tenant, resource) -> max and used."""
+
+from __future__ import annotations
+
+import strawberry
+
+from schema.scalars import Long
+
+
+@strawberry.type(
+    description="A quota row: how much of one resource a tenant may book in one pool. "
+    "A missing row grants 0. Resolved from the domain's QuotaView."
+)
+class Quota:
+    pool_id: strawberry.ID = strawberry.field(description="The pool the row belongs to.")
+    resource: str = strawberry.field(
+        description="The resource: `gpu` counts whole GPUs, `gpu.mig` MIG instances, "
+        "`gpu.slot` shared slots; other keys follow the seed's key pattern."
+    )
+    max: Long = strawberry.field(
+        description="The most the tenant may book; never below `used` (an offer below what "
+        "is in use is raised to it)."
+    )
+    used: Long = strawberry.field(description="What the tenant's live reservations hold.")

@@ -1,0 +1,93 @@
+"""The `/graphql` endpoint: strawberry's ASGI view with our context, orjson, and JSON
+errors (with `extensions.code`) for requests it refuses before any GraphQL runs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import orjson
+from cross_web import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+from strawberry.asgi import GraphQL
+from strawberry.http import GraphQLHTTPResponse
+from strawberry.schema import BaseSchema
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.types import ExecutionResult
+from strawberry.types.unset import UnsetType
+
+from app.capacity.service import Capacity
+from app.config import Settings
+from app.rest.responses import JSONResponse
+from schema.context import Context
+from schema.errors import INVALID_INPUT, coded
+
+
+class GraphQLView(GraphQL[Context, None]):
+    def __init__(self, schema: BaseSchema, settings: Settings) -> None:
+        super().__init__(
+            schema,
+            graphql_ide="graphiql" if settings.graphiql else None,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            keep_alive=True,
+            keep_alive_interval=settings.keepalive_interval_s,
+            connection_init_wait_timeout=timedelta(seconds=settings.connection_init_timeout_s),
+            max_subscriptions_per_connection=settings.max_subscriptions_per_connection,
+            allowed_origins=settings.allowed_origins,
+        )
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        try:
+            response = await self.run(Request(scope=scope, receive=receive))
+        except HTTPException as exc:
+            response = refused(exc.status_code, exc.reason)
+        await response(scope, receive, send)
+
+    async def get_context(
+        self, request: Request | WebSocket, response: Response | WebSocket
+    ) -> Context:
+        capacity: Capacity = request.app.state.capacity
+        return Context(
+            request=request, response=response, capacity=capacity, settings=self.settings
+        )
+
+    def encode_json(self, data: object) -> bytes:
+        return orjson.dumps(data)
+
+    def decode_json(self, data: str | bytes) -> object:
+        return orjson.loads(data)
+
+    async def process_result(
+        self, request: Request, result: ExecutionResult
+    ) -> GraphQLHTTPResponse:
+        # ErrorCodes has coded every error of an operation; this also covers a failure
+        # strawberry reports outside the operation's hooks.
+        if result.errors:
+            result.errors = [coded(e) for e in result.errors]
+        return await super().process_result(request, result)
+
+    # --- websocket hooks (graphql-transport-ws and graphql-ws) -------------------------
+    # The subscriptions work (schema/subscriptions.py, app/events/) extends these.
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        # connection_init may carry {"authorization": "Bearer ..."}; operations on the
+        # connection authenticate with it (or the upgrade's header) on first use.
+        context.forget_principal()
+        return await super().on_ws_connect(context)
+
+
+def refused(status_code: int, reason: str) -> Response:
+    """A request refused before parsing GraphQL (bad JSON, no query, batching, GET for a
+    mutation...): GraphQL's error shape with a code."""
+    code = "NOT_FOUND" if status_code == 404 else INVALID_INPUT
+    body: dict[str, Any] = {
+        "data": None,
+        "errors": [{"message": reason, "extensions": {"code": code}}],
+    }
+    return JSONResponse(body, status_code=status_code)
