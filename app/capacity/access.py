@@ -20,7 +20,13 @@ from app.capacity.reads import (
 )
 from app.capacity.views import PoolDetail, PoolView
 from app.db.models import AuthzRow, Pool
-from app.iam.decisions import PoolAttributes, allows_pool, decide_pool, decide_tenant
+from app.iam.decisions import (
+    PoolAttributes,
+    allows_pool,
+    decide_acting_for,
+    decide_pool,
+    decide_tenant,
+)
 from app.iam.principal import Principal
 from app.iam.roles import CAPACITY_READ, POOLS_SHARE
 
@@ -28,7 +34,16 @@ from app.iam.roles import CAPACITY_READ, POOLS_SHARE
 async def resolve_actor(
     executor: Executor, principal: Principal, tenant_id: str, permission: str
 ) -> Actor:
+    """For methods decided on the tenant (compute-tenant), e.g. list and create."""
     decide_tenant(principal, tenant_id, permission)
+    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
+
+
+async def resolve_pool_actor(executor: Executor, principal: Principal, tenant_id: str) -> Actor:
+    """For methods decided on compute-pool: the tenant decision is only whether the caller
+    may act for the tenant. The permission is decided on the pool once it is visible, so a
+    pool the tenant cannot see is NOT_FOUND whatever the caller's role (CONTRACT 2)."""
+    decide_acting_for(principal, tenant_id)
     return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import delete, exists, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor
+from app.capacity.access import lock_owned_pool, pool_detail, resolve_pool_actor
 from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.projection import remove_authz_row, write_authz_row
@@ -74,7 +74,7 @@ async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) ->
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_SHARE)
+    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
     if await session.get(Tenant, inp.to_tenant_id) is None:
         raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
@@ -142,7 +142,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
 
 async def unoffer_pool(uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput) -> bool:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_SHARE)
+    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")

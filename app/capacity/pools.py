@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.capacity.access import lock_owned_pool, pool_detail, resolve_actor, sees_offers
+from app.capacity.access import (
+    lock_owned_pool,
+    pool_detail,
+    resolve_actor,
+    resolve_pool_actor,
+    sees_offers,
+)
 from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import (
     ArchivePoolInput,
@@ -68,7 +74,7 @@ async def list_pools(
 
 
 async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) -> PoolDetail:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_READ)
+    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
     detail = await pool_detail(executor, actor, inp.pool_id)
     decide_pool(principal, POOLS_READ, detail.pool.grant.attributes)
     return detail
@@ -77,7 +83,7 @@ async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) 
 async def pool_capacity(
     executor: Executor, principal: Principal, inp: CapacityInput
 ) -> tuple[CapacityView, ...]:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, CAPACITY_READ)
+    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
     pool = await visible_pool(executor, actor, inp.pool_id)
     decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
     return (await capacity_of(executor, [pool.id]))[pool.id]
@@ -213,7 +219,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_MANAGE)
+    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
@@ -260,7 +266,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
 
 async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_MANAGE)
+    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
     if pool.archived:
         return await pool_detail(session, actor, pool.id)

@@ -32,10 +32,16 @@ class PoolAttributes:
         }
 
 
-def decide_tenant(principal: Principal, tenant_id: str, permission: str) -> None:
-    """The coarse decision: may this caller act for the tenant, with a role that has it at all."""
+def decide_acting_for(principal: Principal, tenant_id: str) -> None:
+    """May this caller act for the tenant: its own, or any tenant for a fleet-admin."""
     if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
         raise PermissionDenied(f"caller may not act for tenant {tenant_id}", field="tenantId")
+
+
+def decide_tenant(principal: Principal, tenant_id: str, permission: str) -> None:
+    """The coarse decision of a method decided on the tenant (compute-tenant): may this
+    caller act for the tenant, with a role that has the permission at all."""
+    decide_acting_for(principal, tenant_id)
     if not principal.has(permission):
         raise PermissionDenied(f"role {principal.role} lacks {permission}")
 
