@@ -41,13 +41,14 @@ class EventBus:
         url: str,
         *,
         probe_interval_s: float = 2.0,
-        probe_timeout_s: float = 5.0,
+        probe_timeout_s: float | None = None,
         publish_timeout_s: float = 2.0,
         max_reconnect_delay_s: float = 5.0,
     ) -> None:
         self.url = url
         self._probe_interval_s = probe_interval_s
-        self._probe_timeout_s = probe_timeout_s
+        # A busy process may take a moment to answer; a dead connection never does.
+        self._probe_timeout_s = probe_timeout_s or max(2.0, 2 * probe_interval_s)
         self._publish_timeout_s = publish_timeout_s
         self._max_delay_s = max_reconnect_delay_s
         self._listeners: list[WakeListener] = []

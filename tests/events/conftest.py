@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest_asyncio
 from starlette.applications import Starlette
 
@@ -13,8 +14,19 @@ from app.config import Settings
 from app.db.engine import Database, create_database
 from app.server import create_app
 from tests.databases import empty_tables
+from tests.support import Api
 
 AppFactory = Callable[..., AbstractAsyncContextManager[Starlette]]
+
+
+@asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[tuple[Starlette, Api]]:
+    """The real app with its lifespan running, and a REST client for it."""
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            yield application, Api(client)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
