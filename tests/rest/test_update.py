@@ -67,15 +67,13 @@ async def test_the_new_policy_replaces_the_old_one_whole(api: Api, fleet: Fleet)
     assert (await _update(s, pool["id"], policy={}))["policy"] == {}
 
 
+# One per validator module (each is unit-tested in tests/capacity/test_policy.py).
 BAD_POLICIES = [
     ({"hugepage": {"2Mi": 1}}, "policy.hugepage"),
     ({"hugepages": {"2Mi": 1_048_577}}, "policy.hugepages.2Mi"),
-    ({"kernelModules": ["nvidia", "nvidia"]}, "policy.kernelModules[1]"),
     ({"kubernetes": {"apiServer": JOIN_SET["apiServer"]}}, "policy.kubernetes.token"),
     ({"sharing": {"replicas": 4}}, "policy.sharing"),  # an exclusive pool
-    ({"migLayout": ["1g.10gb"]}, "policy.migLayout"),  # an exclusive pool
     ({"prewarmImages": ["ubuntu"]}, "policy.prewarmImages[0]"),
-    ({"singleTenant": "yes"}, "policy.singleTenant"),
 ]
 
 
