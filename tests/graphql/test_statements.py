@@ -1,0 +1,52 @@
+"""No N+1: the statements behind a nested page do not grow with the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+from starlette.applications import Starlette
+
+from app.capacity.service import Capacity
+from tests.support import Api, Fleet
+
+NESTED = """query($first: Int!) { pools(tenantId: "acme", first: $first) {
+  nodes { id quotas { resource max used } capacity { resource total available }
+          offers { tenantId quotas { resource max } } } } }"""
+
+
+async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fleet: Fleet) -> None:
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    token = await fleet.caller("acme", "admin")
+    ids = []
+    for _ in range(100):
+        body = {"tenantId": "acme", "siteId": site, "class": "metal-host", "ownerQuota": {"gpu": 4}}
+        ids.append((await api.ok(token, "pools/create", body))["pool"]["id"])
+    for pool_id in ids[:3]:
+        await fleet.node(pool_id, 2)
+
+    capacity: Capacity = app.state.capacity
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    engines = {capacity.db.reader.sync_engine, capacity.db.writer.sync_engine}
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        counts = {}
+        for first in (1, 10, 100):
+            statements.clear()
+            answer = await api.graphql(token, NESTED, {"first": first})
+            assert "errors" not in answer, answer
+            nodes = answer["data"]["pools"]["nodes"]
+            assert len(nodes) == first
+            assert all(n["offers"][0]["tenantId"] == "acme" for n in nodes)
+            counts[first] = len(statements)
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", count)
+    print(f"statements for pools(first: N) with quotas, capacity, offers: {counts}")
+    assert counts[1] == counts[10] == counts[100], counts
