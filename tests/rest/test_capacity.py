@@ -1,0 +1,117 @@
+"""`pools/capacity`: one test per rule sentence of the seed's capacity section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.rest.pool_calls import CAPACITY_KEYS, MISSING_POOL, create_pool, offer
+from tests.support import Api, Fleet
+
+CAPACITY_QUERY = """
+query ($tenantId: String!, $poolId: ID!) {
+  capacity(tenantId: $tenantId, poolId: $poolId) { resource total allocatable booked available }
+}
+"""
+
+
+async def _capacity(api: Api, token: str, tenant: str, pool_id: str) -> list[dict[str, Any]]:
+    body = {"tenantId": tenant, "poolId": pool_id}
+    rows: list[dict[str, Any]] = (await api.ok(token, "pools/capacity", body))["capacity"]
+    for row in rows:
+        assert set(row) == CAPACITY_KEYS
+    return rows
+
+
+def _row(resource: str, total: int, booked: int = 0) -> dict[str, Any]:
+    return {
+        "resource": resource,
+        "total": total,
+        "allocatable": total,
+        "booked": booked,
+        "available": total - booked,
+    }
+
+
+@pytest.mark.parametrize(
+    ("sharing", "policy", "rows"),
+    [
+        ("exclusive", {}, [_row("gpu", 6, booked=2)]),
+        (
+            "mig",
+            {"migLayout": ["3g.40gb", "2g.20gb", "1g.10gb"]},
+            [_row("gpu", 6, 2), _row("gpu.mig", 18)],
+        ),
+        ("timeslice", {"sharing": {"replicas": 4}}, [_row("gpu", 6, 2), _row("gpu.slot", 24)]),
+        ("mps", {"sharing": {"replicas": 2}}, [_row("gpu", 6, 2), _row("gpu.slot", 12)]),
+    ],
+)
+async def test_capacity_returns_one_rollup_row_per_resource(
+    api: Api, fleet: Fleet, sharing: str, policy: dict[str, Any], rows: list[dict[str, Any]]
+) -> None:
+    """Returns one pool's rollup rows, one per resource; the same answer as
+    capacity.byPool."""
+    await fleet.tenant("acme")
+    site, token = await fleet.site("acme"), await fleet.caller("acme")
+    pool = await create_pool(api, token, "acme", site, sharing=sharing, policy=policy)
+    other = await create_pool(api, token, "acme", site, sharing=sharing, policy=policy)
+    for gpus in (2, 4):
+        await fleet.node(pool["id"], gpus)
+    await fleet.node(other["id"], 1)  # another pool's nodes stay out of this rollup
+    body = {"tenantId": "acme", "poolId": pool["id"], "resources": {"gpu": 2}}
+    await api.ok(token, "reservations/create", body)
+
+    rest = await _capacity(api, token, "acme", pool["id"])
+    assert rest == rows
+    graphql = await api.graphql(token, CAPACITY_QUERY, {"tenantId": "acme", "poolId": pool["id"]})
+    assert graphql == {"data": {"capacity": rest}}
+
+
+async def test_an_offered_tenant_sees_the_same_rollup_as_the_owner(api: Api, fleet: Fleet) -> None:
+    """Returns one pool's rollup rows: the pool's, whichever tenant asks."""
+    await fleet.tenant("acme")
+    await fleet.tenant("beta")
+    site, acme, beta = (
+        await fleet.site("acme"),
+        await fleet.caller("acme"),
+        await fleet.caller("beta"),
+    )
+    pool = await create_pool(api, acme, "acme", site)
+    await fleet.node(pool["id"], 8)
+    await offer(api, acme, "acme", pool["id"], "beta", {"gpu": 1})
+    assert await _capacity(api, beta, "beta", pool["id"]) == [_row("gpu", 8)]
+    assert await _capacity(api, acme, "acme", pool["id"]) == [_row("gpu", 8)]
+
+
+@pytest.mark.parametrize("hidden_by", ["never-offered", "unoffered", "archived", "missing"])
+async def test_capacity_is_not_found_when_the_pool_is_not_visible(
+    api: Api, fleet: Fleet, hidden_by: str
+) -> None:
+    """The call is NOT_FOUND when the pool is not visible to the tenant."""
+    await fleet.tenant("acme")
+    await fleet.tenant("beta")
+    site, acme, beta = (
+        await fleet.site("acme"),
+        await fleet.caller("acme"),
+        await fleet.caller("beta"),
+    )
+    pool_id = (await create_pool(api, acme, "acme", site))["id"]
+    await fleet.node(pool_id, 2)
+    if hidden_by in ("unoffered", "archived"):
+        await offer(api, acme, "acme", pool_id, "beta", {"gpu": 1})
+        await _capacity(api, beta, "beta", pool_id)  # visible until then
+    if hidden_by == "unoffered":
+        body = {"tenantId": "acme", "poolId": pool_id, "toTenantId": "beta"}
+        await api.ok(acme, "pools/unoffer", body)
+    elif hidden_by == "archived":
+        await api.ok(acme, "pools/archive", {"tenantId": "acme", "poolId": pool_id})
+    elif hidden_by == "missing":
+        pool_id = MISSING_POOL
+
+    response = await api.post(beta, "pools/capacity", {"tenantId": "beta", "poolId": pool_id})
+    missing = await api.post(beta, "pools/capacity", {"tenantId": "beta", "poolId": MISSING_POOL})
+    assert response.status_code == 404
+    assert response.text.replace(pool_id, MISSING_POOL) == missing.text
+    if hidden_by == "archived":  # the owner still sees an archived pool's rollup
+        assert await _capacity(api, acme, "acme", pool_id) == [_row("gpu", 2)]
