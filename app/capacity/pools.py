@@ -11,7 +11,8 @@ from app.capacity.access import (
     resolve_pool_actor,
     sees_offers,
 )
-from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
+from app.capacity.errors import InvalidInput, InvalidState, NotFound
+from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -36,7 +37,6 @@ from app.capacity.reads import (
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, PoolDetail
 from app.db.models import (
-    IdempotencyRecord,
     Offer,
     Pool,
     ProviderAccount,
@@ -49,7 +49,6 @@ from app.events.outbox import PendingEvent
 from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
 from app.iam.principal import Principal
 from app.iam.roles import CAPACITY_READ, POOLS_CREATE, POOLS_MANAGE, POOLS_READ
-from app.ids import derived_id, new_id
 
 DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
 
@@ -122,21 +121,21 @@ def _fingerprint(inp: CreatePoolInput, agent: str) -> dict[str, Any]:
 async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
     session = uow.session
     agent = _effective_agent(inp)
-    if inp.idempotency_key is not None:
-        pool_id = derived_id("pool", inp.tenant_id, principal.caller_id, inp.idempotency_key)
-        stored = await session.get(IdempotencyRecord, pool_id)
-        if stored is not None:
-            # A retry: the first call's decision stands, so no second IAM decision or event.
-            if stored.fingerprint != _fingerprint(inp, agent):
-                raise Conflict(
-                    "idempotencyKey was used with a different site, class, sharing, agent "
-                    "or provider account",
-                    field="idempotencyKey",
-                )
-            actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
-            return await pool_detail(session, actor, pool_id)
-    else:
-        pool_id = new_id("pool")
+    call = IdempotentCreate(
+        method="pools.create",
+        prefix="pool",
+        tenant_id=inp.tenant_id,
+        caller_id=principal.caller_id,
+        key=inp.idempotency_key,
+        fingerprint=_fingerprint(inp, agent),
+        conflict="idempotencyKey was used with a different site, class, sharing, agent "
+        "or provider account",
+    )
+    pool_id = call.resource_id
+    if await call.is_retry(session):
+        # The first call's decision stands: no second IAM decision, no second event.
+        actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
+        return await pool_detail(session, actor, pool_id)
 
     actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_CREATE)
     site = await session.get(Site, inp.site_id)
@@ -156,18 +155,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     # A narrowed binding may only create pools it could then manage.
     decide_pool(principal, POOLS_CREATE, attributes)
 
-    if inp.idempotency_key is not None:
-        session.add(
-            IdempotencyRecord(
-                resource_id=pool_id,
-                method="pools.create",
-                tenant_id=actor.tenant_id,
-                caller_id=principal.caller_id,
-                key=inp.idempotency_key,
-                fingerprint=_fingerprint(inp, agent),
-            )
-        )
-        await session.flush()  # a concurrent twin fails here, and the caller retries as a read
+    await call.remember(session)
     now = utcnow()
     pool = Pool(
         id=pool_id,
