@@ -173,14 +173,18 @@ class Relay:
         self._subscriptions: set[Subscription] = set()
         self._by_tenant: dict[str, set[Subscription]] = defaultdict(set)
         self._tasks: list[asyncio.Task[None]] = []
+        self._cursor_ready = False
+        self._cursor_lock = asyncio.Lock()
 
     @property
     def subscriptions(self) -> int:
         return len(self._subscriptions)
 
     async def start(self) -> None:
-        async with self.db.reader.connect() as conn:
-            self.cursor = (await outbox_bounds(conn)).newest
+        try:
+            await self._ensure_cursor()
+        except Exception as exc:  # the database is away: the API still starts (UNAVAILABLE)
+            log.warning("event relay: no cursor yet: %s: %s", type(exc).__name__, exc)
         self._tasks = [
             asyncio.create_task(self._relay_loop(), name="event-relay"),
             asyncio.create_task(self._watch_stalls(), name="event-relay-stalls"),
@@ -201,8 +205,21 @@ class Relay:
         if seq is None or seq > self.cursor:
             self._wanted.set()
 
+    async def _ensure_cursor(self) -> None:
+        """Start the relay's cursor at the newest event, once; retried until the database
+        answers. Under the lock, every subscription opens after it is set."""
+        if self._cursor_ready:
+            return
+        async with self._cursor_lock:
+            if self._cursor_ready:
+                return
+            async with self.db.reader.connect() as conn:
+                self.cursor = (await outbox_bounds(conn)).newest
+            self._cursor_ready = True
+
     async def open(self, event_filter: EventFilter, after: int | None) -> Subscription:
         """A subscription starting now, or right after the `after` seq."""
+        await self._ensure_cursor()
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
         if after is None:
@@ -263,6 +280,7 @@ class Relay:
                 log.warning("event relay: %s: %s", type(exc).__name__, exc)
 
     async def _drain(self) -> None:
+        await self._ensure_cursor()
         while True:
             async with self.db.reader.connect() as conn:
                 events = await read_events(conn, self.cursor, limit=self._batch_size)
