@@ -10,7 +10,7 @@ from typing import Any
 
 import strawberry
 from graphql import GraphQLError
-from strawberry.extensions import DisableIntrospection, SchemaExtension
+from strawberry.extensions import DisableIntrospection, ParserCache, SchemaExtension
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
@@ -22,6 +22,7 @@ from schema.mutations import Mutation
 from schema.queries import Query
 from schema.read_scope_hooks import ReadScopeHooks
 from schema.scalars import SCALAR_MAP
+from schema.subscriptions import Subscription
 
 
 class Schema(strawberry.Schema):
@@ -38,6 +39,8 @@ def _build(
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
+        # The same query text is parsed once (limits apply: max_tokens is in the key).
+        lambda: ParserCache(maxsize=512),
         query_limits(
             max_depth=max_depth, max_aliases=max_aliases, max_tokens=max_tokens, max_cost=max_cost
         ),
@@ -48,6 +51,7 @@ def _build(
     return Schema(
         query=Query,
         mutation=Mutation,
+        subscription=Subscription,
         extensions=extensions,
         execution_context_class=FastFieldsExecutor,
         config=StrawberryConfig(scalar_map=SCALAR_MAP),

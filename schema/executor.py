@@ -58,6 +58,30 @@ def _plan_for(field_def: GraphQLField) -> _Plan:
 
 
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
+    _selection_plans: dict[int, tuple[Any, list[tuple[str, Any, _Plan]]]]
+
+    def _selection_plan(
+        self, parent_type: GraphQLObjectType, grouped_field_set: Any
+    ) -> list[tuple[str, Any, _Plan]]:
+        """Per selection (memoised by graphql-core for every item of a list): each field's
+        response name, its field nodes and its fast plan, worked out once per request."""
+        try:
+            plans = self._selection_plans
+        except AttributeError:
+            plans = self._selection_plans = {}
+        known = plans.get(id(grouped_field_set))
+        if known is not None:
+            return known[1]
+        fields = parent_type.fields
+        entries = []
+        for response_name, field_details_list in grouped_field_set.items():
+            node = field_details_list[0].node
+            field_def = fields.get(node.name.value)
+            plan = _plan_for(field_def) if field_def is not None and not node.arguments else None
+            entries.append((response_name, field_details_list, plan))
+        plans[id(grouped_field_set)] = (grouped_field_set, entries)
+        return entries
+
     def execute_fields(
         self,
         parent_type: GraphQLObjectType,
@@ -71,13 +95,11 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
             return super().execute_fields(
                 parent_type, source_value, path, grouped_field_set, position_context
             )
-        fields = parent_type.fields
         results: dict[str, Any] = {}
         slow: dict[str, Any] = {}
-        for response_name, field_details_list in grouped_field_set.items():
-            node = field_details_list[0].node
-            field_def = fields.get(node.name.value)
-            plan = _plan_for(field_def) if field_def is not None and not node.arguments else None
+        for response_name, field_details_list, plan in self._selection_plan(
+            parent_type, grouped_field_set
+        ):
             if plan is not None:
                 attribute, serialise, nullable = plan
                 try:
@@ -86,15 +108,13 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
                         if nullable:
                             results[response_name] = None
                             continue
-                    else:
-                        kind = type(value)
-                        if kind in _PLAIN or not (
-                            isinstance(value, Exception) or self.is_awaitable(value)
-                        ):
-                            serialised = serialise(value)
-                            if serialised is not None:
-                                results[response_name] = serialised
-                                continue
+                    elif type(value) in _PLAIN or not (
+                        isinstance(value, Exception) or self.is_awaitable(value)
+                    ):
+                        serialised = serialise(value)
+                        if serialised is not None:
+                            results[response_name] = serialised
+                            continue
                 except Exception:
                     pass  # graphql-core's path below reports it
             slow[response_name] = field_details_list

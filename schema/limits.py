@@ -12,9 +12,12 @@ with the request's variables, so `first: $n` counts as sent.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 from typing import Any
 
 from graphql import (
+    ASTValidationRule,
+    DocumentNode,
     FieldNode,
     FragmentDefinitionNode,
     FragmentSpreadNode,
@@ -32,11 +35,13 @@ from graphql import (
     get_named_type,
     get_nullable_type,
     is_list_type,
+    validate,
 )
 from graphql.pyutils import Undefined
 from strawberry.extensions import SchemaExtension
 from strawberry.extensions.max_aliases import create_validator as alias_validator
 from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
+from strawberry.schema.schema import validate_document
 
 from schema.errors import RESOURCE_EXHAUSTED
 
@@ -168,10 +173,21 @@ def cost_rule(budget: int, variables: Mapping[str, Any]) -> type[ValidationRule]
     return QueryCost
 
 
+@lru_cache(maxsize=512)
+def _validate(
+    schema: GraphQLSchema, document: DocumentNode, rules: tuple[type[ASTValidationRule], ...]
+) -> list[GraphQLError]:
+    """Validation depends on the document only (the parser cache hands back the same
+    document for the same text), so a dashboard's repeated query is validated once."""
+    return validate_document(schema, document, rules)
+
+
 def query_limits(
     *, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
 ) -> type[SchemaExtension]:
-    """An extension class (constructed per request) that adds every limit."""
+    """An extension class (constructed per request) that adds every limit and runs the
+    validation itself: the document's rules from a cache, the cost with this request's
+    variables (the only part that depends on them)."""
     depth = coded_rule(depth_validator(max_depth, None), "depth")
     aliases = coded_rule(alias_validator(max_aliases), "aliases")
 
@@ -179,12 +195,19 @@ def query_limits(
         def on_operation(self) -> Iterator[None]:
             context = self.execution_context
             context.parse_options["max_tokens"] = max_tokens
-            context.validation_rules = (
-                *context.validation_rules,
-                depth,
-                aliases,
-                cost_rule(max_cost, context.variables or {}),
-            )
+            context.validation_rules = (*context.validation_rules, depth, aliases)
+            yield
+
+        def on_validate(self) -> Iterator[None]:
+            context = self.execution_context
+            assert context.graphql_document is not None
+            schema = context.schema._schema
+            errors = list(_validate(schema, context.graphql_document, context.validation_rules))
+            if not errors:
+                cost = cost_rule(max_cost, context.variables or {})
+                errors = validate(schema, context.graphql_document, [cost])
+            # Set (even when empty): strawberry then skips its own, uncached validation.
+            context.pre_execution_errors = errors
             yield
 
     return QueryLimits

@@ -1,0 +1,90 @@
+"""The floor for bench/graphql_pools.py: a bare Starlette endpoint answering the dashboard
+page with one hand-written SQL statement that builds the whole JSON answer in PostgreSQL
+(the same bytes' worth of data as the GraphQL answer: same fields, order and cursors).
+No authentication, no IAM, no validation: the least work that answers the same data.
+
+    BENCH_FLOOR_DSN=postgresql://... uvicorn bench.floor:app
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+_CURSOR = "translate(encode(convert_to('v1:' || {id}, 'UTF8'), 'base64'), '+/', '-_')"
+
+DASHBOARD_PAGE = f"""
+WITH page AS (
+  SELECT p.* FROM pools p
+  JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1
+  WHERE (NOT p.archived OR p.tenant_id = $1) AND ($2::text IS NULL OR p.id > $2)
+  ORDER BY p.id LIMIT $3 + 1
+), shown AS (
+  SELECT * FROM page ORDER BY id LIMIT $3
+)
+SELECT json_build_object('data', json_build_object('pools', json_build_object(
+  'pageInfo', json_build_object(
+    'hasNextPage', (SELECT count(*) FROM page) > $3,
+    'endCursor', (SELECT {_CURSOR.format(id="max(id)")} FROM shown)),
+  'nodes', COALESCE((SELECT json_agg(json_build_object(
+      'id', p.id, 'class', upper(replace(p.class, '-', '_')), 'gpuModel', p.gpu_model,
+      'sharing', upper(p.sharing), 'region', p.region, 'owned', p.tenant_id = $1,
+      'archived', p.archived, 'version', p.version,
+      'quotas', COALESCE((SELECT json_agg(json_build_object(
+          'resource', q.resource, 'max', q.max, 'used', q.used) ORDER BY q.resource)
+        FROM quota_rows q WHERE q.pool_id = p.id AND q.tenant_id = $1), '[]'),
+      'capacity', COALESCE((SELECT json_agg(json_build_object(
+          'resource', c.resource, 'available', c.allocatable - c.booked) ORDER BY c.resource)
+        FROM capacity_rows c WHERE c.pool_id = p.id), '[]')
+    ) ORDER BY p.id) FROM shown p), '[]')
+)))::text
+"""
+
+ONE_POOL = """
+SELECT json_build_object('data', json_build_object('pool', json_build_object(
+  'id', p.id,
+  'quotas', COALESCE((SELECT json_agg(json_build_object(
+      'resource', q.resource, 'max', q.max, 'used', q.used) ORDER BY q.resource)
+    FROM quota_rows q WHERE q.pool_id = p.id AND q.tenant_id = $1), '[]'))))::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
+"""
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    app.state.pool = await asyncpg.create_pool(os.environ["BENCH_FLOOR_DSN"], max_size=16)
+    try:
+        yield
+    finally:
+        await app.state.pool.close()
+
+
+async def dashboard(request: Request) -> Response:
+    q = request.query_params
+    after = q.get("after")
+    after_id = None
+    if after:
+        after_id = base64.urlsafe_b64decode(after).decode().removeprefix("v1:")
+    body = await request.app.state.pool.fetchval(
+        DASHBOARD_PAGE, q["tenant"], after_id, int(q.get("first", "100"))
+    )
+    return Response(body, media_type="application/json")
+
+
+async def one_pool(request: Request) -> Response:
+    q = request.query_params
+    body = await request.app.state.pool.fetchval(ONE_POOL, q["tenant"], q["pool"])
+    return Response(body, media_type="application/json")
+
+
+app = Starlette(
+    routes=[Route("/dashboard", dashboard), Route("/pool", one_pool)], lifespan=lifespan
+)
