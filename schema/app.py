@@ -22,6 +22,7 @@ from schema.mutations import Mutation
 from schema.queries import Query
 from schema.read_scope_hooks import ReadScopeHooks
 from schema.scalars import SCALAR_MAP
+from schema.subscriptions import Subscription
 
 
 class Schema(strawberry.Schema):
@@ -50,6 +51,7 @@ def _build(
     return Schema(
         query=Query,
         mutation=Mutation,
+        subscription=Subscription,
         extensions=extensions,
         execution_context_class=FastFieldsExecutor,
         config=StrawberryConfig(scalar_map=SCALAR_MAP),

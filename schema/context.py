@@ -56,6 +56,15 @@ class Context:
             )
         return await asyncio.shield(self._principal)
 
+    def fork(self) -> Context:
+        """The same caller with reads of its own: one per subscription event, so each
+        event reads fresh data and releases its connection once sent."""
+        forked = Context(
+            self.request, self.response, self.capacity, self.settings, self.connection_params
+        )
+        forked._principal = self._principal
+        return forked
+
     def forget_principal(self) -> None:
         """Authenticate again on next use (a websocket whose connection_init changed it)."""
         self._principal = None

@@ -15,6 +15,7 @@ from typing import Any
 
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
+from strawberry.types.execution import StreamExecutionResult
 
 from app.capacity.errors import DomainError
 from app.db.errors import to_domain_error
@@ -74,7 +75,8 @@ def coded(error: GraphQLError) -> GraphQLError:
 
 
 class ErrorCodes(SchemaExtension):
-    """Rewrites the operation's errors once it ends (not a per-field hook)."""
+    """Rewrites the operation's errors once it ends (not a per-field hook), and each
+    result of a subscription as it is sent."""
 
     def on_operation(self) -> Iterator[None]:
         yield
@@ -82,3 +84,9 @@ class ErrorCodes(SchemaExtension):
         errors = getattr(result, "errors", None)
         if result is not None and errors:
             result.errors = [coded(e) for e in errors]
+
+    def on_stream_result(self, result: StreamExecutionResult) -> Iterator[None]:
+        errors = getattr(result, "errors", None)
+        if errors:
+            result.errors = [coded(e) for e in errors]  # type: ignore[union-attr]
+        yield

@@ -13,17 +13,21 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.schema import BaseSchema
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UnsetType
 
+from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
+from app.db.errors import to_domain_error
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
+from schema.websockets import LegacyWSHandler, TextFrames, TransportWSHandler
 
 
 class GraphQLView(GraphQL[Context, None]):
@@ -74,11 +78,22 @@ class GraphQLView(GraphQL[Context, None]):
         return await super().process_result(request, result)
 
     # --- websocket hooks (graphql-transport-ws and graphql-ws) -------------------------
-    # The subscriptions work (schema/subscriptions.py, app/events/) extends these.
+    graphql_transport_ws_handler_class = TransportWSHandler
+    graphql_ws_handler_class = LegacyWSHandler
+    websocket_adapter_class = TextFrames
+
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
-        # connection_init may carry {"authorization": "Bearer ..."}; operations on the
-        # connection authenticate with it (or the upgrade's header) on first use.
+        """Authenticate the connection before anything streams: the bearer token in the
+        connection_init payload ({"authorization": "Bearer ..."}) or the upgrade's header.
+        A bad one closes the socket with 4403 (docs/events.md)."""
         context.forget_principal()
+        try:
+            await context.principal()
+        except DomainError as exc:
+            error = to_domain_error(exc)
+            raise ConnectionRejectionError(
+                {"message": error.message, "extensions": {"code": error.code}}
+            ) from None
         return await super().on_ws_connect(context)
 
 

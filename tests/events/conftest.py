@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest_asyncio
+import uvicorn
 from starlette.applications import Starlette
 
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.server import create_app
 from tests.databases import empty_tables
+from tests.events.brokers import free_port
 from tests.support import Api
 
 AppFactory = Callable[..., AbstractAsyncContextManager[Starlette]]
@@ -27,6 +30,32 @@ async def running(settings: Settings) -> AsyncIterator[tuple[Starlette, Api]]:
         transport = httpx.ASGITransport(app=application)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             yield application, Api(client)
+
+
+@asynccontextmanager
+async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
+    """The app behind a real uvicorn server on a free port: (app, "127.0.0.1:port")."""
+    application = create_app(settings)
+    config = uvicorn.Config(
+        application,
+        host="127.0.0.1",
+        port=free_port(),
+        ws="websockets-sansio",
+        lifespan="on",
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                serving.result()
+                raise RuntimeError("uvicorn exited before it started")
+            await asyncio.sleep(0.01)
+        yield application, f"127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        await serving
 
 
 @pytest_asyncio.fixture(loop_scope="session")

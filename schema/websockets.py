@@ -1,0 +1,112 @@
+"""The two websocket protocols, as strawberry runs them, with our answers at the edges
+(docs/events.md):
+
+- graphql-transport-ws: a bad token closes with 4403 (strawberry's Forbidden); one
+  subscription over the connection's limit gets an `error` with RESOURCE_EXHAUSTED
+  (the protocol's answer to refusing one operation), the connection stays up.
+- graphql-ws (legacy): a bad token gets `connection_error` with the error, then the
+  socket closes with 4403 as on the newer protocol (strawberry would use 1011).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Final
+
+from graphql import GraphQLFormattedError
+from starlette.websockets import WebSocketDisconnect
+from strawberry.asgi import ASGIWebSocketAdapter
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
+    BaseGraphQLTransportWSHandler,
+)
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
+    ErrorMessage as TransportError,
+)
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.subscriptions.protocols.graphql_ws.types import (
+    ConnectionInitMessage,
+    StartMessage,
+)
+from strawberry.subscriptions.protocols.graphql_ws.types import ErrorMessage as LegacyError
+from strawberry.types.unset import UnsetType
+
+from schema.context import Context
+
+FORBIDDEN: Final = 4403
+
+
+class TextFrames(ASGIWebSocketAdapter):
+    """Both protocols speak JSON in text frames; the view's encoder gives bytes (orjson),
+    which strawberry would send as binary frames that clients reject."""
+
+    async def send_json(self, message: Mapping[str, object]) -> None:
+        encoded = self.view.encode_json(message)
+        text = encoded.decode() if isinstance(encoded, bytes) else encoded
+        try:
+            await self.ws.send_text(text)
+        except WebSocketDisconnect as exc:
+            raise WebSocketDisconnected from exc
+
+
+def _too_many(limit: int) -> GraphQLFormattedError:
+    return {
+        "message": f"at most {limit} subscriptions per connection",
+        "extensions": {"code": "RESOURCE_EXHAUSTED", "limit": "subscriptionsPerConnection"},
+    }
+
+
+class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+        limit = self.max_subscriptions_per_connection
+        if (
+            self.connection_acknowledged
+            and limit is not None
+            and message["id"] not in self.operations
+            and len(self.operations) >= limit
+        ):
+            await self.send_message(
+                TransportError(id=message["id"], type="error", payload=[_too_many(limit)])
+            )
+            return
+        await super().handle_subscribe(message)
+
+
+class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        payload = message.get("payload")
+        if payload is not None and not isinstance(payload, dict):
+            await self.send_message({"type": "connection_error"})
+            await self.websocket.close(code=1000, reason="")
+            return
+        self.context.connection_params = payload
+        try:
+            ack = await self.view.on_ws_connect(self.context)
+        except ConnectionRejectionError as rejected:
+            await self.send_message({"type": "connection_error", "payload": rejected.payload})
+            await self.websocket.close(code=FORBIDDEN, reason="Forbidden")
+            return
+        if isinstance(ack, UnsetType) or ack is None:
+            await self.send_message({"type": "connection_ack"})
+        else:
+            await self.send_message({"type": "connection_ack", "payload": ack})
+        self.connection_acknowledged = True
+        if self.keep_alive:
+            self.keep_alive_task = asyncio.create_task(self.handle_keep_alive())
+
+    async def handle_start(self, message: StartMessage) -> None:
+        limit = self.max_subscriptions_per_connection
+        if (
+            self.connection_acknowledged
+            and limit is not None
+            and message["id"] not in self.tasks
+            and len(self.tasks) >= limit
+        ):
+            await self.send_message(
+                LegacyError(type="error", id=message["id"], payload=_too_many(limit))
+            )
+            return
+        await super().handle_start(message)

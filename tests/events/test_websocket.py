@@ -1,0 +1,162 @@
+"""`poolEvents` through a real uvicorn server and a real GraphQL client (gql over
+websockets), on both protocols: graphql-transport-ws and the legacy graphql-ws."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from gql import Client, GraphQLRequest
+from gql.transport.exceptions import TransportQueryError
+from gql.transport.websockets import WebsocketsTransport
+
+from app.config import Settings
+from tests.events.conftest import served
+from tests.rest.scene import Scene
+from tests.support import Api, Fleet
+
+POOL_EVENTS = """
+subscription($tenantId: String!, $poolId: ID, $types: [String!], $after: String) {
+  poolEvents(tenantId: $tenantId, poolId: $poolId, types: $types, after: $after) {
+    cursor type poolId tenantId occurredAt data
+    pool { id version owned archived quotas { resource max } }
+  }
+}
+"""
+PROTOCOLS = [
+    pytest.param(WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL, id="graphql-transport-ws"),
+    pytest.param(WebsocketsTransport.APOLLO_SUBPROTOCOL, id="graphql-ws"),
+]
+
+
+class Stream:
+    """One gql subscription read in the background; `next()` waits for the next event."""
+
+    def __init__(self, client: Client, **variables: Any) -> None:
+        self._queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(client, variables))
+
+    async def _run(self, client: Client, variables: dict[str, Any]) -> None:
+        try:
+            async with client as session:
+                request = GraphQLRequest(POOL_EVENTS, variable_values=variables)
+                async for result in session.subscribe(request):
+                    await self._queue.put(result["poolEvents"])
+        except Exception as exc:  # handed to the reader
+            await self._queue.put(exc)
+
+    async def next(self) -> dict[str, Any]:
+        item = await asyncio.wait_for(self._queue.get(), 20)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def ws_client(address: str, token: str, protocol: str) -> Client:
+    transport = WebsocketsTransport(
+        url=f"ws://{address}/graphql",
+        init_payload={"authorization": f"Bearer {token}"},
+        subprotocols=[protocol],
+    )
+    return Client(transport=transport)
+
+
+@asynccontextmanager
+async def http_api(address: str) -> AsyncIterator[Api]:
+    async with httpx.AsyncClient(base_url=f"http://{address}") as client:
+        yield Api(client)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_subscribers_follow_a_pool_through_its_life(
+    database_url: str, fleet: Fleet, protocol: str
+) -> None:
+    async with served(Settings(database_url=database_url)) as (_, address), http_api(
+        address
+    ) as api:
+        s = await Scene.start(api, fleet)
+        beta_token = await s.guest("beta")
+        owner = Stream(ws_client(address, s.token, protocol), tenantId="acme")
+        beta = Stream(ws_client(address, beta_token, protocol), tenantId="beta")
+        await asyncio.sleep(0.5)  # both subscribed
+
+        pool_id = (await s.pool(gpuModel="H100"))["id"]
+        created = await owner.next()
+        assert (created["type"], created["poolId"], created["tenantId"]) == (
+            "pool.created",
+            pool_id,
+            "acme",
+        )
+        assert created["data"]["version"] == 1 and created["occurredAt"].endswith("Z")
+        assert created["pool"] == {
+            "id": pool_id,
+            "version": 1,
+            "owned": True,
+            "archived": False,
+            "quotas": [{"resource": "gpu", "max": 2147483647}],
+        }
+
+        await s.offer(pool_id, "beta", {"gpu": 3})
+        for stream in (owner, beta):
+            offered = await stream.next()
+            assert offered["type"] == "pool.offered" and offered["data"]["toTenantId"] == "beta"
+        # `pool` as each subscriber sees it: beta's own quota rows, not owned.
+        assert offered["pool"]["owned"] is False
+        assert offered["pool"]["quotas"] == [{"resource": "gpu", "max": 3}]
+
+        await s.unoffer(pool_id, "beta")
+        unoffered = await beta.next()
+        assert unoffered["type"] == "pool.unoffered" and unoffered["pool"] is None
+        await s.archive(pool_id)
+        assert [(await owner.next())["type"] for _ in range(2)] == [
+            "pool.unoffered",
+            "pool.archived",
+        ]
+        await asyncio.sleep(0.3)
+        assert beta.pending() == 0  # nothing more of that pool for beta
+
+        # Resume after the offer: exactly the later events, in order.
+        resumed = Stream(
+            ws_client(address, s.token, protocol), tenantId="acme", after=created["cursor"]
+        )
+        assert [(await resumed.next())["type"] for _ in range(3)] == [
+            "pool.offered",
+            "pool.unoffered",
+            "pool.archived",
+        ]
+        for stream in (owner, beta, resumed):
+            await stream.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_refused_subscriptions_carry_their_codes(
+    database_url: str, fleet: Fleet, protocol: str
+) -> None:
+    async with served(Settings(database_url=database_url)) as (_, address):
+        await fleet.tenant("acme")
+        await fleet.tenant("beta")
+        token = await fleet.caller("acme", "viewer")
+        cases = [
+            ({"tenantId": "acme", "after": "garbage"}, "INVALID_INPUT"),
+            ({"tenantId": "acme", "types": ["pool.nope"]}, "INVALID_INPUT"),
+            ({"tenantId": "beta"}, "PERMISSION_DENIED"),
+            ({"tenantId": "nobody"}, "PERMISSION_DENIED"),
+        ]
+        for variables, code in cases:
+            stream = Stream(ws_client(address, token, protocol), **variables)
+            with pytest.raises(TransportQueryError) as refused:
+                await stream.next()
+            assert refused.value.errors is not None
+            assert refused.value.errors[0]["extensions"]["code"] == code
+            await stream.close()
