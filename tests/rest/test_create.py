@@ -151,30 +151,33 @@ async def test_sharing_defaults_to_exclusive_and_agent_to_bcd_none_for_provider(
     assert pool["providerAccountId"] == fields.get("providerAccountId")
 
 
-@pytest.mark.parametrize(
-    ("fields", "field"),
-    [
-        ({"class": "provider"}, "providerAccountId"),
-        ({"class": "provider", "agent": "bcd", "providerAccountId": "own"}, "agent"),
-        ({"class": "metal-host", "providerAccountId": "own"}, "providerAccountId"),
-        ({"class": "metal-dedicated", "providerAccountId": "own"}, "providerAccountId"),
-        ({"class": "vps-host", "providerAccountId": "own"}, "providerAccountId"),
-    ],
-    ids=["provider-no-account", "provider-agent-bcd", "metal-host", "metal-dedicated", "vps"],
-)
+PROVIDER_RULES: list[tuple[dict[str, Any], str]] = [
+    ({"class": "provider"}, "providerAccountId"),
+    ({"class": "provider", "agent": "bcd", "providerAccountId": "own"}, "agent"),
+    ({"class": "metal-host", "providerAccountId": "own"}, "providerAccountId"),
+    ({"class": "metal-dedicated", "providerAccountId": "own"}, "providerAccountId"),
+    ({"class": "vps-host", "providerAccountId": "own"}, "providerAccountId"),
+]
+
+
 async def test_provider_pool_needs_account_and_agent_none_others_refuse_account(
-    api: Api, fleet: Fleet, db: Database, fields: dict[str, Any], field: str
+    api: Api, fleet: Fleet, db: Database
 ) -> None:
     """A provider pool needs providerAccountId and agent: 'none', and other classes refuse
     providerAccountId; both are INVALID_INPUT."""
     site, token = await _acme(fleet)
-    if fields.get("providerAccountId") == "own":
-        fields = {**fields, "providerAccountId": await fleet.account("acme")}
+    account = await fleet.account("acme")
     before = await row_counts(db)
-    status, error = await api.fails(
-        token, "pools/create", {"tenantId": "acme", "siteId": site, **fields}
-    )
-    assert (status, error["code"], error["details"]["field"]) == (400, "INVALID_INPUT", field)
+    for fields, field in PROVIDER_RULES:
+        if fields.get("providerAccountId") == "own":
+            fields = {**fields, "providerAccountId": account}
+        body = {"tenantId": "acme", "siteId": site, **fields}
+        status, error = await api.fails(token, "pools/create", body)
+        assert (status, error["code"], error["details"]) == (
+            400,
+            "INVALID_INPUT",
+            {"field": field},
+        ), fields
     assert await row_counts(db) == before
 
 
@@ -245,33 +248,32 @@ async def test_shared_gpu_pools_need_their_own_row_since_a_missing_row_grants_0(
     await api.ok(token, "reservations/create", {**book, "poolId": with_row["id"]})
 
 
-@pytest.mark.parametrize(
-    ("sharing", "policy", "field"),
-    [
-        ("exclusive", {"hugepages": {"2Mi": -1}}, "policy.hugepages.2Mi"),
-        ("exclusive", {"hugepages": {"1Gi": 1_048_577}}, "policy.hugepages.1Gi"),
-        ("exclusive", {"hugepages": {"4Ki": 1}}, "policy.hugepages.4Ki"),
-        ("exclusive", {"kernelModules": ["Not A Module"]}, "policy.kernelModules[0]"),
-        ("exclusive", {"kernelModules": ["vfio", "vfio"]}, "policy.kernelModules[1]"),
-        (
-            "exclusive",
-            {"kubernetes": {"apiServer": JOIN_SET["apiServer"]}},
-            "policy.kubernetes.token",
-        ),
-        (
-            "exclusive",
-            {"kubernetes": {**JOIN_SET, "apiServer": "http://k8s.example.com"}},
-            "policy.kubernetes.apiServer",
-        ),
-        ("timeslice", {"sharing": {"replicas": 49}}, "policy.sharing.replicas"),
-        ("mps", {"sharing": {"replicas": 0}}, "policy.sharing.replicas"),
-        ("exclusive", {"sharing": {"replicas": 2}}, "policy.sharing"),
-        ("exclusive", {"migLayout": ["1g.10gb"]}, "policy.migLayout"),
-        ("exclusive", {"noSuchKey": True}, "policy.noSuchKey"),
-    ],
-)
+POLICY_REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("exclusive", {"hugepages": {"2Mi": -1}}, "policy.hugepages.2Mi"),
+    ("exclusive", {"hugepages": {"1Gi": 1_048_577}}, "policy.hugepages.1Gi"),
+    ("exclusive", {"hugepages": {"4Ki": 1}}, "policy.hugepages.4Ki"),
+    ("exclusive", {"kernelModules": ["Not A Module"]}, "policy.kernelModules[0]"),
+    ("exclusive", {"kernelModules": ["vfio", "vfio"]}, "policy.kernelModules[1]"),
+    (
+        "exclusive",
+        {"kubernetes": {"apiServer": JOIN_SET["apiServer"]}},
+        "policy.kubernetes.token",
+    ),
+    (
+        "exclusive",
+        {"kubernetes": {**JOIN_SET, "apiServer": "http://k8s.example.com"}},
+        "policy.kubernetes.apiServer",
+    ),
+    ("timeslice", {"sharing": {"replicas": 49}}, "policy.sharing.replicas"),
+    ("mps", {"sharing": {"replicas": 0}}, "policy.sharing.replicas"),
+    ("exclusive", {"sharing": {"replicas": 2}}, "policy.sharing"),
+    ("exclusive", {"migLayout": ["1g.10gb"]}, "policy.migLayout"),
+    ("exclusive", {"noSuchKey": True}, "policy.noSuchKey"),
+]
+
+
 async def test_a_policy_nodes_cant_take_is_invalid_input(
-    api: Api, fleet: Fleet, db: Database, sharing: str, policy: dict[str, Any], field: str
+    api: Api, fleet: Fleet, db: Database
 ) -> None:
     """The policy is checked as the nodes will get it (v1.1). Each module's pool-policy
     validator runs, e.g. provision's host units: hugepages, kernel modules, a kubernetes join
@@ -279,9 +281,14 @@ async def test_a_policy_nodes_cant_take_is_invalid_input(
     take is INVALID_INPUT."""
     site, token = await _acme(fleet)
     before = await row_counts(db)
-    body = {"tenantId": "acme", "siteId": site, "class": "metal-host", "sharing": sharing}
-    status, error = await api.fails(token, "pools/create", {**body, "policy": policy})
-    assert (status, error["code"], error["details"]["field"]) == (400, "INVALID_INPUT", field)
+    for sharing, policy, field in POLICY_REFUSED:
+        body = {"tenantId": "acme", "siteId": site, "class": "metal-host", "sharing": sharing}
+        status, error = await api.fails(token, "pools/create", {**body, "policy": policy})
+        assert (status, error["code"], error["details"]) == (
+            400,
+            "INVALID_INPUT",
+            {"field": field},
+        ), policy
     assert await row_counts(db) == before
 
 
