@@ -149,6 +149,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=args.port,
         workers=args.workers,
         ws="websockets-sansio",
+        # Websocket pings find dead peers of both subscription protocols (docs/events.md).
+        ws_ping_interval=settings.keepalive_interval_s,
+        ws_ping_timeout=settings.keepalive_interval_s,
     )
     return 0
 

@@ -5,7 +5,8 @@
   subscription over the connection's limit gets an `error` with RESOURCE_EXHAUSTED
   (the protocol's answer to refusing one operation), the connection stays up.
 - graphql-ws (legacy): a bad token gets `connection_error` with the error, then the
-  socket closes with 4403 as on the newer protocol (strawberry would use 1011).
+  socket closes with 4403 as on the newer protocol (strawberry would use 1011); no
+  connection_init in time closes with 4408 and a second one with 4429, as there.
 """
 
 from __future__ import annotations
@@ -76,7 +77,26 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
 
 
 class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
+    """Also given what the newer protocol has: a connection_init deadline (4408) and a
+    single initialisation (a second one closes with 4429)."""
+
+    async def handle(self) -> None:
+        deadline = asyncio.create_task(self._close_unless_initialised())
+        try:
+            await super().handle()
+        finally:
+            deadline.cancel()
+            await asyncio.gather(deadline, return_exceptions=True)
+
+    async def _close_unless_initialised(self) -> None:
+        await asyncio.sleep(self.view.connection_init_wait_timeout.total_seconds())
+        if not self.connection_acknowledged:
+            await self.websocket.close(code=4408, reason="Connection initialisation timeout")
+
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        if self.connection_acknowledged:
+            await self.websocket.close(code=4429, reason="Too many initialisation requests")
+            return
         payload = message.get("payload")
         if payload is not None and not isinstance(payload, dict):
             await self.send_message({"type": "connection_error"})
