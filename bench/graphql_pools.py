@@ -56,7 +56,7 @@ SIZES = (10, 100, 200, 1000)
 MAIN_SIZE = 200
 PAGE = 100
 # Dashboard loads per run (GraphQL; the floor gets FLOOR_FACTOR times as many).
-LOADS = {10: 600, 100: 150, 200: 90, 1000: 18}
+LOADS = {10: 600, 100: 150, 200: 90, 1000: 48}  # at least 16 a round: every worker busy
 FLOOR_FACTOR = 5
 SMALL_REQUESTS = 600
 WARMUP = 16
