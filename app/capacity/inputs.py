@@ -27,6 +27,10 @@ IdempotencyKey = Annotated[
 ]
 Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
 PositiveAmount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
+# The JSON schema of a resource map says what validation does: keys that do not match the
+# pattern are refused (patternProperties alone would let them through unchecked).
+_ONLY_RESOURCE_KEYS = Field(json_schema_extra={"additionalProperties": False})
+QuotaMap = Annotated[dict[ResourceName, Amount], _ONLY_RESOURCE_KEYS]
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -59,7 +63,7 @@ class CreatePoolInput(MethodInput):
     sharing: Sharing = "exclusive"
     agent: Agent | None = None
     policy: dict[str, Any] | None = None
-    owner_quota: dict[ResourceName, Amount] | None = Field(default=None, alias="ownerQuota")
+    owner_quota: QuotaMap | None = Field(default=None, alias="ownerQuota")
     provider_account_id: ProviderAccountId | None = Field(default=None, alias="providerAccountId")
     idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
 
@@ -68,7 +72,7 @@ class OfferPoolInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")
     to_tenant_id: TenantId = Field(alias="toTenantId")
-    quota: dict[ResourceName, Amount]
+    quota: QuotaMap
     include_descendants: bool = Field(default=False, alias="includeDescendants")
     priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
 
@@ -93,7 +97,9 @@ class ArchivePoolInput(GetPoolInput):
 class CreateReservationInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")
-    resources: Annotated[dict[ResourceName, PositiveAmount], Field(min_length=1, max_length=16)]
+    resources: Annotated[
+        dict[ResourceName, PositiveAmount], Field(min_length=1, max_length=16), _ONLY_RESOURCE_KEYS
+    ]
     idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
 
 
