@@ -47,7 +47,10 @@ async def create_pool(
 ) -> dict[str, Any]:
     """Create a pool (class metal-host unless given) and return its REST Pool."""
     body = {"tenantId": tenant_id, "siteId": site_id, "class": "metal-host", **fields}
-    pool: dict[str, Any] = (await api.ok(token, "pools/create", body))["pool"]
+    created = await api.ok(token, "pools/create", body)
+    assert set(created) == {"pool"}  # CONTRACT 4: {"pool": Pool}
+    pool: dict[str, Any] = created["pool"]
+    assert_pool_shape(pool)
     return pool
 
 

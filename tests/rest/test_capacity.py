@@ -18,7 +18,9 @@ query ($tenantId: String!, $poolId: ID!) {
 
 async def _capacity(api: Api, token: str, tenant: str, pool_id: str) -> list[dict[str, Any]]:
     body = {"tenantId": tenant, "poolId": pool_id}
-    rows: list[dict[str, Any]] = (await api.ok(token, "pools/capacity", body))["capacity"]
+    answer = await api.ok(token, "pools/capacity", body)
+    assert set(answer) == {"capacity"}  # CONTRACT 4: {"capacity": [CapacityRow, ...]}
+    rows: list[dict[str, Any]] = answer["capacity"]
     for row in rows:
         assert set(row) == CAPACITY_KEYS
     return rows

@@ -36,16 +36,18 @@ async def _tenants(fleet: Fleet, *names: str) -> Tenants:
 
 
 async def _list(api: Api, token: str, tenant: str) -> dict[str, dict[str, Any]]:
-    pools = (await api.ok(token, "pools/list", {"tenantId": tenant}))["pools"]
+    listed = await api.ok(token, "pools/list", {"tenantId": tenant})
+    assert set(listed) == {"pools"}  # CONTRACT 4: {"pools": [Pool, ...]}
+    pools = listed["pools"]
     for pool in pools:
         assert_pool_shape(pool)
     return {p["id"]: p for p in pools}
 
 
 async def _get(api: Api, token: str, tenant: str, pool_id: str) -> dict[str, Any]:
-    pool: dict[str, Any] = (
-        await api.ok(token, "pools/get", {"tenantId": tenant, "poolId": pool_id})
-    )["pool"]
+    got = await api.ok(token, "pools/get", {"tenantId": tenant, "poolId": pool_id})
+    assert set(got) == {"pool"}  # CONTRACT 4: {"pool": Pool}
+    pool: dict[str, Any] = got["pool"]
     assert_pool_shape(pool)
     return pool
 
