@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -16,7 +17,7 @@ from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
-from app.rest.errors import error_response
+from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
 from schema.app import build_schema
@@ -83,7 +84,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             WebSocketRoute("/graphql", graphql),
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: _unhandled},
+        exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
 
 

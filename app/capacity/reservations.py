@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import CursorResult, Update, case, select, update
 
-from app.capacity.access import resolve_actor
+from app.capacity.access import resolve_actor, resolve_pool_actor
 from app.capacity.errors import InvalidState, NotFound, ResourceExhausted
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
@@ -119,7 +119,8 @@ async def create_reservation(
     if await call.is_retry(session):
         return reservation_view(await session.get_one(Reservation, call.resource_id))
 
-    actor = await resolve_actor(session, principal, inp.tenant_id, RESERVATIONS_WRITE)
+    # Decided on the pool: an invisible pool is NOT_FOUND whatever the caller's role.
+    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await visible_pool(session, actor, inp.pool_id)
     decide_pool(principal, RESERVATIONS_WRITE, pool.grant.attributes)
     # A share lock orders this booking against a concurrent archive of the pool.

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
+from app.capacity.errors import DomainError, InvalidInput, NotFound
 from app.db.errors import to_domain_error
 from app.rest.responses import JSONResponse
 
 
+def error_body(error: DomainError) -> dict[str, object]:
+    return {"error": {"code": error.code, "message": error.message, "details": error.details}}
+
+
 def error_response(exc: BaseException) -> Response:
     error = to_domain_error(exc)
-    return JSONResponse(
-        {"error": {"code": error.code, "message": error.message, "details": error.details}},
-        status_code=error.http_status,
+    headers = {"www-authenticate": "Bearer"} if error.code == "UNAUTHENTICATED" else None
+    return JSONResponse(error_body(error), status_code=error.http_status, headers=headers)
+
+
+async def http_error(_: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown path, wrong HTTP method) in the same shape."""
+    assert isinstance(exc, HTTPException)
+    error: DomainError = (
+        NotFound("no such route") if exc.status_code == 404 else InvalidInput(exc.detail)
     )
+    return JSONResponse(error_body(error), status_code=exc.status_code, headers=exc.headers)
