@@ -149,9 +149,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=args.port,
         workers=args.workers,
         ws="websockets-sansio",
-        # Websocket pings find dead peers of both subscription protocols (docs/events.md).
+        # Websocket pings find dead peers of both subscription protocols; no per-message
+        # compression: events are small, and each connection's zlib state would cost
+        # ~100 KB (docs/events.md).
         ws_ping_interval=settings.keepalive_interval_s,
         ws_ping_timeout=settings.keepalive_interval_s,
+        ws_per_message_deflate=False,
     )
     return 0
 

@@ -30,14 +30,21 @@ class Context:
     # graphql-transport-ws / graphql-ws: the connection_init payload (strawberry sets it).
     connection_params: dict[str, object] | None = None
     reads: ReadScope = field(init=False)
-    loaders: Loaders = field(init=False)
+    _loaders: Loaders | None = field(default=None, init=False)
     _principal: asyncio.Task[Principal] | None = field(default=None, init=False)
     # Operations running on this context; a websocket runs several on one context.
     active_operations: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.reads = ReadScope(self.capacity.db)
-        self.loaders = create_loaders(self.reads, self.principal)
+
+    @property
+    def loaders(self) -> Loaders:
+        """Made on first use: a websocket that only streams events never needs them, and a
+        server holds thousands of those."""
+        if self._loaders is None:
+            self._loaders = create_loaders(self.reads, self.principal)
+        return self._loaders
 
     def authorization(self) -> str | None:
         """`Authorization: Bearer ...` from the request, or from a websocket's
@@ -72,7 +79,7 @@ class Context:
     async def refresh_reads(self) -> None:
         """Drop what this request has read: a new read transaction and empty loaders."""
         await self.reads.close()
-        self.loaders = create_loaders(self.reads, self.principal)
+        self._loaders = None
 
     async def write(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run one domain write (one unit of work, opened by the domain). Reads before it

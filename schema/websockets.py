@@ -20,19 +20,12 @@ from starlette.websockets import WebSocketDisconnect
 from strawberry.asgi import ASGIWebSocketAdapter
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.subscriptions.protocols.graphql_transport_ws import types as transport_ws
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
 )
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
-    ErrorMessage as TransportError,
-)
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_ws import types as legacy_ws
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
-from strawberry.subscriptions.protocols.graphql_ws.types import (
-    ConnectionInitMessage,
-    StartMessage,
-)
-from strawberry.subscriptions.protocols.graphql_ws.types import ErrorMessage as LegacyError
 from strawberry.types.unset import UnsetType
 
 from schema.context import Context
@@ -61,7 +54,12 @@ def _too_many(limit: int) -> GraphQLFormattedError:
 
 
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
-    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+    async def handle_connection_init(self, message: transport_ws.ConnectionInitMessage) -> None:
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged:
+            self.connection_init_timeout_task = None  # done; no need to keep it for hours
+
+    async def handle_subscribe(self, message: transport_ws.SubscribeMessage) -> None:
         limit = self.max_subscriptions_per_connection
         if (
             self.connection_acknowledged
@@ -70,7 +68,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             and len(self.operations) >= limit
         ):
             await self.send_message(
-                TransportError(id=message["id"], type="error", payload=[_too_many(limit)])
+                transport_ws.ErrorMessage(
+                    id=message["id"], type="error", payload=[_too_many(limit)]
+                )
             )
             return
         await super().handle_subscribe(message)
@@ -93,7 +93,7 @@ class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
         if not self.connection_acknowledged:
             await self.websocket.close(code=4408, reason="Connection initialisation timeout")
 
-    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+    async def handle_connection_init(self, message: legacy_ws.ConnectionInitMessage) -> None:
         if self.connection_acknowledged:
             await self.websocket.close(code=4429, reason="Too many initialisation requests")
             return
@@ -117,7 +117,7 @@ class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
         if self.keep_alive:
             self.keep_alive_task = asyncio.create_task(self.handle_keep_alive())
 
-    async def handle_start(self, message: StartMessage) -> None:
+    async def handle_start(self, message: legacy_ws.StartMessage) -> None:
         limit = self.max_subscriptions_per_connection
         if (
             self.connection_acknowledged
@@ -126,7 +126,7 @@ class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
             and len(self.tasks) >= limit
         ):
             await self.send_message(
-                LegacyError(type="error", id=message["id"], payload=_too_many(limit))
+                legacy_ws.ErrorMessage(type="error", id=message["id"], payload=_too_many(limit))
             )
             return
         await super().handle_start(message)

@@ -3,7 +3,8 @@
 
 Each process holds one broker subscription. broadcaster 0.3.1 does not notice a dropped
 connection (the Redis listener task dies quietly; a terminated LISTEN connection just
-stops delivering), so a supervisor owns the connection: it probes it with its own
+stops delivering), and its Redis backend can miss its own subscription (see
+redis_wakeups.py, which replaces it), so a supervisor owns the connection: it probes it with its own
 messages, and when the broker stops answering it tears the connection down and makes
 a new one. Every (re)connect tells the listeners to catch up from the outbox, which
 covers whatever was published while nobody listened.
@@ -25,6 +26,8 @@ from typing import Any, Final
 from urllib.parse import urlparse
 
 from broadcaster import Broadcast
+
+from app.events.redis_wakeups import RedisWakeups
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class EventBus:
         self._broken = asyncio.Event()
         self._pending: int | None = None  # newest seq not yet published
         self._publish_wanted = asyncio.Event()
+        self._publishing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._probe_token = f"probe:{secrets.token_hex(8)}"
         self.connections = 0  # how many times a broker connection was made (for tests)
@@ -121,7 +125,7 @@ class EventBus:
                 continue  # down: other processes' polls and our reconnect catch-up cover it
             try:
                 async with asyncio.timeout(self._publish_timeout_s):
-                    await broadcast.publish(CHANNEL, str(seq))
+                    await self._publish(broadcast, str(seq))
             except Exception as exc:  # any broker failure: reconnect
                 log.warning("event wake-up not published: %s: %s", type(exc).__name__, exc)
                 self._broken.set()
@@ -140,9 +144,19 @@ class EventBus:
             delay = 0.1 if self.connections > made else min(2 * delay or 0.1, self._max_delay_s)
             await asyncio.sleep(delay)
 
+    def _new_broadcast(self) -> Broadcast:
+        if urlparse(self.url).scheme in ("redis", "rediss"):
+            return Broadcast(backend=RedisWakeups(self.url))
+        return Broadcast(self.url)
+
+    async def _publish(self, broadcast: Broadcast, message: str) -> None:
+        # One at a time: the postgres backend publishes on its one LISTEN connection.
+        async with self._publishing:
+            await broadcast.publish(CHANNEL, message)
+
     async def _session(self) -> None:
         """One broker connection: connect, subscribe, listen until it proves dead."""
-        broadcast = Broadcast(self.url)
+        broadcast = self._new_broadcast()
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self._close, broadcast, stack)
             async with asyncio.timeout(self._probe_timeout_s):
@@ -191,7 +205,7 @@ class EventBus:
                 probe_round += 1
                 probe_seen.clear()
                 async with asyncio.timeout(self._probe_timeout_s):
-                    await broadcast.publish(CHANNEL, f"{self._probe_token}:{probe_round}")
+                    await self._publish(broadcast, f"{self._probe_token}:{probe_round}")
                     await probe_seen.wait()
 
         async def broken() -> None:

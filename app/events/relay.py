@@ -47,28 +47,31 @@ def cursor_expired() -> InvalidState:
 
 
 class Mailbox:
-    """A bounded queue that empties itself instead of growing."""
+    """A bounded queue that empties itself instead of growing. Idle, it holds no buffer
+    and no waiter beyond one future: a server keeps thousands of these."""
 
-    __slots__ = ("_capacity", "_items", "_ready", "overflowed")
+    __slots__ = ("_capacity", "_items", "_waiter", "overflowed")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._items: deque[OutboxEvent] = deque()
-        self._ready = asyncio.Event()
+        self._items: deque[OutboxEvent] | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self.overflowed = False
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) if self._items is not None else 0
 
     def put(self, event: OutboxEvent) -> bool:
         """False when full: everything queued is dropped, the owner must resync."""
+        if self._items is None:
+            self._items = deque()
         if len(self._items) >= self._capacity:
-            self._items.clear()
+            self._items = None
             self.overflowed = True
-            self._ready.set()
+            self._wake()
             return False
         self._items.append(event)
-        self._ready.set()
+        self._wake()
         return True
 
     async def get(self) -> OutboxEvent | None:
@@ -77,13 +80,23 @@ class Mailbox:
             if self.overflowed:
                 self.overflowed = False
                 return None
-            self._ready.clear()
-            await self._ready.wait()
-        return self._items.popleft()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        event = self._items.popleft()
+        if not self._items:
+            self._items = None
+        return event
 
     def reset(self) -> None:
-        self._items.clear()
+        self._items = None
         self.overflowed = False
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class Subscription:

@@ -41,6 +41,7 @@ async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
         host="127.0.0.1",
         port=free_port(),
         ws="websockets-sansio",
+        ws_per_message_deflate=False,  # as `bettercompute serve`
         lifespan="on",
         log_level="warning",
     )

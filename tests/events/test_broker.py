@@ -92,3 +92,20 @@ async def test_a_killed_listen_connection_is_replaced_and_caught_up(
         assert [e.data["n"] for e in watching.events] == list(range(30))
         assert reader.state.bus.connections >= 2
         await watching.close()
+
+
+async def test_redis_wake_ups_reach_the_other_process_without_a_reconnect(
+    pg_database_url: str, pg_db: Database, redis_url: str
+) -> None:
+    """broadcaster's own Redis backend could subscribe and then receive nothing; with the
+    poll at a minute and no reconnect, every event here arrives by its wake-up alone."""
+    settings = _settings(pg_database_url, redis_url)
+    async with running(settings) as (writer, api), running(settings) as (reader, _):
+        s = await Scene.start(api, Fleet(pg_db))
+        pool_id = (await s.pool())["id"]
+        watching = await subscribe(reader, s.token, "acme")
+        for n in range(20):
+            await emit_updates(writer.state.capacity, pool_id, "acme", 1, start=n)
+            await wait_until(lambda n=n: len(watching.events) == n + 1, within_s=5)
+        assert reader.state.bus.connections == 1
+        await watching.close()

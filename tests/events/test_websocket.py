@@ -82,9 +82,10 @@ async def http_api(address: str) -> AsyncIterator[Api]:
 async def test_subscribers_follow_a_pool_through_its_life(
     database_url: str, fleet: Fleet, protocol: str
 ) -> None:
-    async with served(Settings(database_url=database_url)) as (_, address), http_api(
-        address
-    ) as api:
+    async with (
+        served(Settings(database_url=database_url)) as (_, address),
+        http_api(address) as api,
+    ):
         s = await Scene.start(api, fleet)
         beta_token = await s.guest("beta")
         owner = Stream(ws_client(address, s.token, protocol), tenantId="acme")
