@@ -60,6 +60,16 @@ def _plan_for(field_def: GraphQLField) -> _Plan:
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
     _selection_plans: dict[int, tuple[Any, list[tuple[str, Any, _Plan]]]]
 
+    def build_per_event_executor(self, payload: Any) -> FastFieldsExecutor:
+        """A subscription runs each event on a shallow copy of one executor, which would
+        share the memos (graphql-core's `_relevant_sub_fields`, our `_selection_plans`).
+        Both are keyed by objects every event makes anew, so shared they grow by an entry
+        per event for as long as the subscription lives; each event gets its own."""
+        executor = cast("FastFieldsExecutor", super().build_per_event_executor(payload))
+        executor._relevant_sub_fields = {}
+        executor._selection_plans = {}
+        return executor
+
     def _selection_plan(
         self, parent_type: GraphQLObjectType, grouped_field_set: Any
     ) -> list[tuple[str, Any, _Plan]]:

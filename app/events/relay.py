@@ -326,7 +326,7 @@ class Relay:
             now = loop.time()
             for subscription in list(self._subscriptions):
                 if subscription.stalled(now, self._stall_timeout_s):
-                    log.info("evicting a subscription whose client stopped reading")
+                    log.warning("evicting a subscription: its client stopped reading")
                     subscription.evict()
 
     async def _prune_loop(self) -> None:

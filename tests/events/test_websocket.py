@@ -15,6 +15,7 @@ from gql.transport.exceptions import TransportQueryError
 from gql.transport.websockets import WebsocketsTransport
 
 from app.config import Settings
+from app.db.engine import Database
 from tests.events.conftest import served
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -27,6 +28,11 @@ subscription($tenantId: String!, $poolId: ID, $types: [String!], $after: String)
   }
 }
 """
+LIGHT_EVENTS = """
+subscription($tenantId: String!, $after: String) {
+  poolEvents(tenantId: $tenantId, after: $after) { cursor type data }
+}
+"""
 PROTOCOLS = [
     pytest.param(WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL, id="graphql-transport-ws"),
     pytest.param(WebsocketsTransport.APOLLO_SUBPROTOCOL, id="graphql-ws"),
@@ -36,14 +42,14 @@ PROTOCOLS = [
 class Stream:
     """One gql subscription read in the background; `next()` waits for the next event."""
 
-    def __init__(self, client: Client, **variables: Any) -> None:
+    def __init__(self, client: Client, document: str = POOL_EVENTS, **variables: Any) -> None:
         self._queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(client, variables))
+        self._task = asyncio.create_task(self._run(client, document, variables))
 
-    async def _run(self, client: Client, variables: dict[str, Any]) -> None:
+    async def _run(self, client: Client, document: str, variables: dict[str, Any]) -> None:
         try:
             async with client as session:
-                request = GraphQLRequest(POOL_EVENTS, variable_values=variables)
+                request = GraphQLRequest(document, variable_values=variables)
                 async for result in session.subscribe(request):
                     await self._queue.put(result["poolEvents"])
         except Exception as exc:  # handed to the reader
@@ -161,3 +167,41 @@ async def test_refused_subscriptions_carry_their_codes(
             assert refused.value.errors is not None
             assert refused.value.errors[0]["extensions"]["code"] == code
             await stream.close()
+
+
+async def test_disconnect_500_changes_reconnect_with_the_last_cursor(
+    pg_database_url: str, pg_db: Database
+) -> None:
+    """Exactly those 500, in order, then live again."""
+    protocol = WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL
+    settings = Settings(database_url=pg_database_url)
+    async with served(settings) as (_, address), http_api(address) as api:
+        s = await Scene.start(api, Fleet(pg_db))
+        pool_id = (await s.pool())["id"]
+        first = Stream(ws_client(address, s.token, protocol), LIGHT_EVENTS, tenantId="acme")
+        await asyncio.sleep(0.3)
+        await api.ok(s.token, "pools/update", s.body(pool_id, policy={}))
+        last = await first.next()
+        await first.close()  # disconnected
+
+        async def change(n: int) -> None:
+            body = s.body(pool_id, policy={"hugepages": {"2Mi": n}})
+            await api.ok(s.token, "pools/update", body)
+
+        for start in range(0, 500, 10):
+            await asyncio.gather(*(change(n) for n in range(start, start + 10)))
+
+        resumed = Stream(
+            ws_client(address, s.token, protocol),
+            LIGHT_EVENTS,
+            tenantId="acme",
+            after=last["cursor"],
+        )
+        missed = [await resumed.next() for _ in range(500)]
+        assert [e["type"] for e in missed] == ["pool.updated"] * 500
+        assert [e["data"]["version"] for e in missed] == list(range(3, 503))  # commit order
+        await api.ok(s.token, "pools/update", s.body(pool_id, policy={}))
+        assert (await resumed.next())["data"]["version"] == 503
+        await asyncio.sleep(0.3)
+        assert resumed.pending() == 0
+        await resumed.close()

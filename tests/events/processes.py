@@ -1,0 +1,76 @@
+"""`bettercompute serve` as a real subprocess, for tests that need separate processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.events.brokers import free_port
+
+
+@dataclass(frozen=True)
+class Served:
+    address: str  # host:port
+    pid: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+@asynccontextmanager
+async def bettercompute_serve(**env: str) -> AsyncIterator[Served]:
+    """Run `bettercompute serve` on a free port with BETTERCOMPUTE_* settings in `env`;
+    yields once /healthz answers, stops the process on exit."""
+    port = free_port()
+    descriptor, name = tempfile.mkstemp(prefix="bettercompute-serve-", suffix=".log")
+    binary = Path(sys.executable).with_name("bettercompute")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            str(binary),
+            *("serve", "--port", str(port)),
+            env={**os.environ, **env},
+            stdout=descriptor,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        os.close(descriptor)
+    address = f"127.0.0.1:{port}"
+    served = Served(address, process.pid, Path(name))
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(300):
+                if process.returncode is not None:
+                    raise RuntimeError(f"serve exited: {served.output()[-2000:]}")
+                try:
+                    if (await client.get(f"http://{address}/healthz")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"serve did not answer: {served.output()[-2000:]}")
+        yield served
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        os.unlink(name)

@@ -1,0 +1,171 @@
+"""Two `bettercompute serve` processes over one PostgreSQL and one Redis: 50 subscribers
+spread over both, 2,000 mutations spread over both. Every subscriber receives exactly
+the events its tenant may see (CONTRACT section 7: the events whose audience names it),
+each once, in commit order (so in per-pool order), and none of another tenant's."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+from gql import Client, GraphQLRequest
+from gql.transport.websockets import WebsocketsTransport
+
+from app.db.engine import Database
+from app.events.cursor import encode_cursor
+from app.events.reader import outbox_bounds
+from tests.events.processes import Served, bettercompute_serve
+from tests.events.support import wait_until
+from tests.rest.scene import events
+from tests.support import Api, Fleet
+
+TENANTS = [f"t{i}" for i in range(10)]
+SUBSCRIBERS_PER_TENANT = 5
+MUTATIONS = 2000
+WORKERS = 16
+DOCUMENT = """subscription($tenantId: String!, $after: String) {
+  poolEvents(tenantId: $tenantId, after: $after) { cursor type poolId }
+}"""
+
+
+class Subscriber:
+    """A gql client on one server, reading its stream into `cursors`."""
+
+    def __init__(self, address: str, token: str, tenant: str, after: str, protocol: str) -> None:
+        self.tenant = tenant
+        self.cursors: list[str] = []
+        self.error: BaseException | None = None
+        transport = WebsocketsTransport(
+            url=f"ws://{address}/graphql",
+            init_payload={"authorization": f"Bearer {token}"},
+            subprotocols=[protocol],
+        )
+        request = GraphQLRequest(DOCUMENT, variable_values={"tenantId": tenant, "after": after})
+        self.task = asyncio.create_task(self._run(Client(transport=transport), request))
+
+    async def _run(self, client: Client, request: GraphQLRequest) -> None:
+        try:
+            async with client as session:
+                async for result in session.subscribe(request):
+                    self.cursors.append(result["poolEvents"]["cursor"])
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def two_servers(database_url: str, redis_url: str) -> AsyncIterator[list[Served]]:
+    env = {"BETTERCOMPUTE_DATABASE_URL": database_url, "BETTERCOMPUTE_BROADCAST_URL": redis_url}
+    async with AsyncExitStack() as stack:
+        servers = await asyncio.gather(
+            stack.enter_async_context(bettercompute_serve(**env)),
+            stack.enter_async_context(bettercompute_serve(**env)),
+        )
+        yield list(servers)
+
+
+async def mutate(apis: list[Api], tokens: dict[str, str], pools: dict[str, list[str]]) -> int:
+    """MUTATIONS owner calls (update, offer, unoffer) from WORKERS concurrent clients,
+    alternating between the servers; returns how many succeeded."""
+    rng = random.Random(11)
+    plan = []
+    for n in range(MUTATIONS):
+        owner = rng.choice(TENANTS)
+        pool_id = rng.choice(pools[owner])
+        guest = rng.choice([t for t in TENANTS if t != owner])
+        kind = rng.choices(["update", "offer", "unoffer"], weights=[5, 3, 2])[0]
+        body: dict[str, Any] = {"tenantId": owner, "poolId": pool_id}
+        if kind == "update":
+            body["policy"] = {"hugepages": {"2Mi": n % 64}}
+        elif kind == "offer":
+            body |= {"toTenantId": guest, "quota": {"gpu": 1 + n % 4}}
+        else:
+            body["toTenantId"] = guest
+        plan.append((apis[n % len(apis)], tokens[owner], f"pools/{kind}", body))
+    queue: asyncio.Queue[tuple[Api, str, str, dict[str, Any]]] = asyncio.Queue()
+    for item in plan:
+        queue.put_nowait(item)
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while not queue.empty():
+            api, token, path, body = queue.get_nowait()
+            await api.ok(token, path, body)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(WORKERS)))
+    return done
+
+
+async def test_two_processes_deliver_each_tenant_exactly_its_events(
+    pg_database_url: str, pg_db: Database, redis_url: str
+) -> None:
+    fleet = Fleet(pg_db)
+    tokens: dict[str, str] = {}
+    sites: dict[str, str] = {}
+    for tenant in TENANTS:
+        await fleet.tenant(tenant)
+        sites[tenant] = await fleet.site(tenant)
+        tokens[tenant] = await fleet.caller(tenant, "admin")
+
+    async with (
+        two_servers(pg_database_url, redis_url) as servers,
+        httpx.AsyncClient(base_url=f"http://{servers[0].address}") as first,
+        httpx.AsyncClient(base_url=f"http://{servers[1].address}") as second,
+    ):
+        apis = [Api(first), Api(second)]
+        pools: dict[str, list[str]] = {}
+        for i, tenant in enumerate(TENANTS):
+            body = {"tenantId": tenant, "siteId": sites[tenant], "class": "metal-host"}
+            pools[tenant] = [
+                (await apis[(i + k) % 2].ok(tokens[tenant], "pools/create", body))["pool"]["id"]
+                for k in range(2)
+            ]
+        async with pg_db.reader.connect() as conn:
+            start = (await outbox_bounds(conn)).newest
+        # Every subscriber resumes after the same cursor, so none misses the first mutations
+        # however long its connection takes.
+        protocols = [
+            WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL,
+            WebsocketsTransport.APOLLO_SUBPROTOCOL,
+        ]
+        subscribers = [
+            Subscriber(
+                servers[n % 2].address,
+                tokens[tenant],
+                tenant,
+                encode_cursor(start),
+                protocols[(n // 2) % 2],
+            )
+            for tenant in TENANTS
+            for n in range(SUBSCRIBERS_PER_TENANT)
+        ]
+
+        assert await mutate(apis, tokens, pools) == MUTATIONS
+
+        committed = [e for e in await events(pg_db) if e.seq > start]
+        expected = {
+            tenant: [encode_cursor(e.seq) for e in committed if tenant in e.audience]
+            for tenant in TENANTS
+        }
+        await wait_until(
+            lambda: all(
+                s.error is not None or len(s.cursors) >= len(expected[s.tenant])
+                for s in subscribers
+            ),
+            within_s=120,
+        )
+        await asyncio.sleep(0.5)  # anything extra would arrive now
+        for s in subscribers:
+            assert s.error is None, s.error
+            assert s.cursors == expected[s.tenant], s.tenant
+            await s.close()
+        assert sum(len(v) for v in expected.values()) > MUTATIONS  # the audiences did overlap
