@@ -137,25 +137,20 @@ class Subscriber:
         self.ws: ClientConnection | None = None
         self.task: asyncio.Task[None] | None = None
 
-    async def open(self, address: str, token: str, tenant: str) -> None:
+    async def open(self, address: str, token: str, tenant: str, subscriptions: int = 1) -> None:
         self.ws = await connect(
             f"ws://{address}/graphql",
-            subprotocols=["graphql-transport-ws"],
-            max_queue=None,  # type: ignore[list-item]
+            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+            max_queue=None,
         )
-        await self.ws.send(
-            orjson.dumps(
-                {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
-            ).decode()
-        )
+        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        await self.ws.send(orjson.dumps(init).decode())
         ack = orjson.loads(await self.ws.recv())
         assert ack["type"] == "connection_ack", ack
-        message = {
-            "id": "1",
-            "type": "subscribe",
-            "payload": {"query": SUBSCRIPTION, "variables": {"t": tenant}},
-        }
-        await self.ws.send(orjson.dumps(message).decode())
+        for n in range(subscriptions):
+            payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
+            message = {"id": str(n), "type": "subscribe", "payload": payload}
+            await self.ws.send(orjson.dumps(message).decode())
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -258,9 +253,24 @@ async def run(args: argparse.Namespace) -> None:
         after = rss_kb(server.pid)
         per_subscription = (after - before) / len(subscribers)
         print(
-            f"idle subscriptions: {len(subscribers)}; server RSS {before / 1024:.1f} MiB -> "
-            f"{after / 1024:.1f} MiB; {per_subscription:.1f} KiB per subscription"
+            f"idle subscriptions, one per websocket: {len(subscribers)}; server RSS "
+            f"{before / 1024:.1f} MiB -> {after / 1024:.1f} MiB; "
+            f"{per_subscription:.1f} KiB per subscription"
         )
+        # The same number of subscriptions, ten to a websocket.
+        shared = [Subscriber() for _ in range(len(subscribers) // 10)]
+        for k, subscriber in enumerate(shared):
+            tenant = tenants[k % len(tenants)]
+            await subscriber.open(address, seeded[tenant][1], tenant, subscriptions=10)
+        await asyncio.sleep(2)
+        more = rss_kb(server.pid)
+        print(
+            f"idle subscriptions, ten per websocket: {len(shared) * 10}; server RSS "
+            f"+{(more - after) / 1024:.1f} MiB; {(more - after) / (len(shared) * 10):.1f} KiB "
+            "per subscription"
+        )
+        for subscriber in shared:
+            await subscriber.close()
 
         # 2. Latency at a steady rate.
         interval = 1 / args.rate

@@ -16,6 +16,7 @@ from gql.transport.websockets import WebsocketsTransport
 
 from app.config import Settings
 from app.db.engine import Database
+from app.events.reader import outbox_bounds
 from tests.events.conftest import served
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -205,3 +206,47 @@ async def test_disconnect_500_changes_reconnect_with_the_last_cursor(
         await asyncio.sleep(0.3)
         assert resumed.pending() == 0
         await resumed.close()
+
+
+async def test_an_expired_cursor_is_invalid_state_with_its_reason(
+    database_url: str, fleet: Fleet
+) -> None:
+    """Older than the retention window: INVALID_STATE, `extensions.reason` CURSOR_EXPIRED,
+    naming the `after` argument (docs/events.md)."""
+    settings = Settings(database_url=database_url, event_retention_s=1)
+    async with served(settings) as (app, address), http_api(address) as api:
+        s = await Scene.start(api, fleet)
+        watching = Stream(
+            ws_client(address, s.token, WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL),
+            LIGHT_EVENTS,
+            tenantId="acme",
+        )
+        await asyncio.sleep(0.3)
+        pool_id = (await s.pool())["id"]
+        first = await watching.next()
+        for _ in range(2):  # the first of these is what the cursor would miss
+            await api.ok(s.token, "pools/update", s.body(pool_id, policy={}))
+            await watching.next()
+        await watching.close()
+        capacity = app.state.capacity
+        for _ in range(100):  # pruned within a few seconds; the newest event stays
+            async with capacity.db.reader.connect() as conn:
+                bounds = await outbox_bounds(conn)
+            if bounds.oldest == bounds.newest:
+                break
+            await asyncio.sleep(0.1)
+        stream = Stream(
+            ws_client(address, s.token, WebsocketsTransport.APOLLO_SUBPROTOCOL),
+            LIGHT_EVENTS,
+            tenantId="acme",
+            after=first["cursor"],
+        )
+        with pytest.raises(TransportQueryError) as expired:
+            await stream.next()
+        assert expired.value.errors is not None
+        assert expired.value.errors[0]["extensions"] == {
+            "code": "INVALID_STATE",
+            "field": "after",
+            "reason": "CURSOR_EXPIRED",
+        }
+        await stream.close()
