@@ -8,7 +8,7 @@ appear later. Every reader (the relay, a resuming subscriber) relies on that.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -120,7 +120,3 @@ async def prune_events(executor: Executor, older_than: datetime) -> int:
     await executor.execute(delete(EventAudience).where(EventAudience.seq <= upto))
     result = await executor.execute(delete(Event).where(Event.seq <= upto))
     return int(getattr(result, "rowcount", 0) or 0)
-
-
-def newest_seq(events: Sequence[OutboxEvent]) -> int | None:
-    return events[-1].seq if events else None
