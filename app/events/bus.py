@@ -116,19 +116,27 @@ class EventBus:
             listener(seq)
 
     async def _publish_loop(self) -> None:
+        """Publish the newest pending wake-up. While the broker is down it is held, and
+        published once a connection is back: other processes may have reconnected
+        before us and would otherwise wait for their poll."""
         while True:
             await self._publish_wanted.wait()
+            await self._connected.wait()
             self._publish_wanted.clear()
             seq, self._pending = self._pending, None
             broadcast = self._broadcast
             if seq is None or broadcast is None:
-                continue  # down: other processes' polls and our reconnect catch-up cover it
+                continue
             try:
                 async with asyncio.timeout(self._publish_timeout_s):
                     await self._publish(broadcast, str(seq))
-            except Exception as exc:  # any broker failure: reconnect
+            except Exception as exc:  # any broker failure: keep it for the next connection
                 log.warning("event wake-up not published: %s: %s", type(exc).__name__, exc)
                 self._broken.set()
+                if self._pending is None or seq > self._pending:
+                    self._pending = seq
+                self._publish_wanted.set()
+                await asyncio.sleep(0.1)  # the supervisor is tearing the connection down
 
     async def _supervise(self) -> None:
         delay = 0.0
