@@ -230,3 +230,9 @@ RESERVATION_METHODS: tuple[Method, ...] = (
 )
 
 METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS
+_BY_PATH = {m.path: m for m in METHODS}
+
+
+def method(group: str, name: str) -> Method:
+    """The catalog row of `group/name`; a KeyError is a bug in the caller."""
+    return _BY_PATH[f"/api/compute/{group}/{name}"]

@@ -5,10 +5,13 @@ opens exactly one unit of work."""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import strawberry
 
-from app.capacity import inputs
-from app.capacity.views import PoolDetail
+from app.capacity.inputs import parse_input
+from app.capacity.views import PoolDetail, ReservationView
+from app.catalog import method
 from schema.context import Context
 from schema.lookahead import selected_below
 from schema.pool_nodes import pool_from_detail
@@ -27,6 +30,23 @@ from schema.types.reservation import Reservation
 Info = strawberry.Info[Context, None]
 
 
+class SeedInput(Protocol):
+    def to_seed(self) -> dict[str, Any]: ...
+
+
+async def _call(info: Info, group: str, name: str, graphql_input: SeedInput) -> Any:
+    """The catalog row's call: validated as on REST, one unit of work in the domain."""
+    ctx = info.context
+    row = method(group, name)
+    principal = await ctx.principal()
+    inp = parse_input(row.input, graphql_input.to_seed())
+    return await ctx.write(lambda: row.call(ctx.capacity, principal, inp))
+
+
+def _reservation(view: ReservationView) -> ReservationPayload:
+    return ReservationPayload(reservation=Reservation.from_view(view))
+
+
 async def _pool_payload(info: Info, tenant_id: str, detail: PoolDetail) -> PoolPayload:
     ctx = info.context
     pool = await pool_from_detail(
@@ -42,11 +62,8 @@ class Mutation:
         "quota rows and an empty rollup, at version 1. Emits pool.created."
     )
     async def create_pool(self, info: Info, input: CreatePoolInput) -> PoolPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.CreatePoolInput, input.to_seed())
-        detail = await ctx.write(lambda: ctx.capacity.create_pool(principal, inp))
-        return await _pool_payload(info, inp.tenant_id, detail)
+        detail = await _call(info, "pools", "create", input)
+        return await _pool_payload(info, input.tenant_id, detail)
 
     @strawberry.mutation(
         description="The seed's `offer`: offers a pool the tenant owns to another tenant with "
@@ -54,44 +71,31 @@ class Mutation:
         "Emits pool.offered."
     )
     async def offer_pool(self, info: Info, input: OfferPoolInput) -> PoolPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.OfferPoolInput, input.to_seed())
-        detail = await ctx.write(lambda: ctx.capacity.offer_pool(principal, inp))
-        return await _pool_payload(info, inp.tenant_id, detail)
+        detail = await _call(info, "pools", "offer", input)
+        return await _pool_payload(info, input.tenant_id, detail)
 
     @strawberry.mutation(
         description="The seed's `unoffer`: withdraws a pool's offer from a tenant, whose rows "
         "drop to what is in use. Emits pool.unoffered only when an offer was removed."
     )
     async def unoffer_pool(self, info: Info, input: UnofferPoolInput) -> UnofferPoolPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.UnofferPoolInput, input.to_seed())
-        removed = await ctx.write(lambda: ctx.capacity.unoffer_pool(principal, inp))
-        return UnofferPoolPayload(removed=removed)
+        return UnofferPoolPayload(removed=await _call(info, "pools", "unoffer", input))
 
     @strawberry.mutation(
         description="The seed's `update`: replaces the policy, the GPU model or both, and "
         "returns the pool with its version incremented. Emits pool.updated."
     )
     async def update_pool(self, info: Info, input: UpdatePoolInput) -> PoolPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.UpdatePoolInput, input.to_seed())
-        detail = await ctx.write(lambda: ctx.capacity.update_pool(principal, inp))
-        return await _pool_payload(info, inp.tenant_id, detail)
+        detail = await _call(info, "pools", "update", input)
+        return await _pool_payload(info, input.tenant_id, detail)
 
     @strawberry.mutation(
         description="The seed's `archive`: removes every offer and stops new work; live "
         "reservations keep their bookings. Emits pool.archived."
     )
     async def archive_pool(self, info: Info, input: ArchivePoolInput) -> PoolPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.ArchivePoolInput, input.to_seed())
-        detail = await ctx.write(lambda: ctx.capacity.archive_pool(principal, inp))
-        return await _pool_payload(info, inp.tenant_id, detail)
+        detail = await _call(info, "pools", "archive", input)
+        return await _pool_payload(info, input.tenant_id, detail)
 
     @strawberry.mutation(
         description="Books resources in a visible pool against the tenant's quota and the "
@@ -100,11 +104,7 @@ class Mutation:
     async def create_reservation(
         self, info: Info, input: CreateReservationInput
     ) -> ReservationPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.CreateReservationInput, input.to_seed())
-        view = await ctx.write(lambda: ctx.capacity.create_reservation(principal, inp))
-        return ReservationPayload(reservation=Reservation.from_view(view))
+        return _reservation(await _call(info, "reservations", "create", input))
 
     @strawberry.mutation(
         description="Ends a reservation and returns its bookings; releasing twice is a no-op."
@@ -112,8 +112,4 @@ class Mutation:
     async def release_reservation(
         self, info: Info, input: ReleaseReservationInput
     ) -> ReservationPayload:
-        ctx = info.context
-        principal = await ctx.principal()
-        inp = inputs.parse_input(inputs.ReleaseReservationInput, input.to_seed())
-        view = await ctx.write(lambda: ctx.capacity.release_reservation(principal, inp))
-        return ReservationPayload(reservation=Reservation.from_view(view))
+        return _reservation(await _call(info, "reservations", "release", input))
