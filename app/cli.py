@@ -140,6 +140,8 @@ async def _run(command: Command, args: argparse.Namespace, settings: Settings) -
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
+    from app.websocket_protocol import LeanWebSocketProtocol
+
     if _embedded(settings.database_url):
         asyncio.run(upgrade(settings.database_url))
     uvicorn.run(
@@ -148,7 +150,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        ws="websockets-sansio",
+        ws=LeanWebSocketProtocol,  # websockets-sansio, lighter per idle connection
         # Websocket pings find dead peers of both subscription protocols; no per-message
         # compression: events are small, and each connection's zlib state would cost
         # ~100 KB (docs/events.md).

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.server import create_app
+from app.websocket_protocol import LeanWebSocketProtocol
 from tests.databases import empty_tables
 from tests.events.brokers import free_port
 from tests.support import Api
@@ -40,8 +41,8 @@ async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
         application,
         host="127.0.0.1",
         port=free_port(),
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,  # as `bettercompute serve`
+        ws=LeanWebSocketProtocol,  # as `bettercompute serve`
+        ws_per_message_deflate=False,
         lifespan="on",
         log_level="warning",
     )
