@@ -39,11 +39,12 @@ def _build(
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
-        # The same query text is parsed once (limits apply: max_tokens is in the key).
-        lambda: ParserCache(maxsize=512),
+        # Before ParserCache: its on_parse sets the parse options (max_tokens) the cache uses.
         query_limits(
             max_depth=max_depth, max_aliases=max_aliases, max_tokens=max_tokens, max_cost=max_cost
         ),
+        # The same query text is parsed once (limits apply: max_tokens is in the key).
+        lambda: ParserCache(maxsize=512),
         ErrorCodes,
     ]
     if not introspection:

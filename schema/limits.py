@@ -192,7 +192,9 @@ def query_limits(
     aliases = coded_rule(alias_validator(max_aliases), "aliases")
 
     class QueryLimits(SchemaExtension):
-        def on_operation(self) -> Iterator[None]:
+        # Set up in on_parse (listed before ParserCache), not on_operation: a hook of the
+        # whole operation stays suspended as long as a subscription lives.
+        def on_parse(self) -> Iterator[None]:
             context = self.execution_context
             context.parse_options["max_tokens"] = max_tokens
             context.validation_rules = (*context.validation_rules, depth, aliases)
