@@ -32,8 +32,6 @@ class Context:
     reads: ReadScope = field(init=False)
     _loaders: Loaders | None = field(default=None, init=False)
     _principal: asyncio.Task[Principal] | None = field(default=None, init=False)
-    # Operations running on this context; a websocket runs several on one context.
-    active_operations: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.reads = ReadScope(self.capacity.db)

@@ -1,10 +1,17 @@
-"""Per-operation upkeep of the request's reads: the read connection is returned when the
-last operation on a context ends (a websocket runs several on one context)."""
+"""Each operation reads through a scope of its own, returned when the operation ends.
+
+Over HTTP the context is the request's. A websocket shares one context between all its
+operations, and a subscription's operation lasts as long as the stream; so there every
+operation runs on a fork of the connection's context (the same caller, its own reads
+and loaders): a query beside a subscription reads fresh data and lets its connection go
+when it is answered.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from starlette.websockets import WebSocket
 from strawberry.extensions import SchemaExtension
 
 from schema.context import Context
@@ -16,12 +23,10 @@ class ReadScopeHooks(SchemaExtension):
         if not isinstance(context, Context):
             yield
             return
-        if context.active_operations == 0:
-            await context.refresh_reads()  # nothing cached from an earlier operation
-        context.active_operations += 1
+        if isinstance(context.request, WebSocket):
+            context = context.fork()
+            self.execution_context.context = context  # read by execution, after this hook
         try:
             yield
         finally:
-            context.active_operations -= 1
-            if context.active_operations == 0:
-                await context.reads.close()
+            await context.reads.close()
