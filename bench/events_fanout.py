@@ -34,23 +34,18 @@ from pathlib import Path
 
 import httpx
 import orjson
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 from websockets.asyncio.client import ClientConnection, connect
 
 from app.capacity import inventory
 from app.capacity.inputs import CreatePoolInput
 from app.capacity.service import Capacity
 from app.db.engine import Database, create_database
-from app.db.migrate import upgrade
 from app.events.bus import EventBus
 from app.events.cursor import decode_cursor
 from app.events.outbox import PendingEvent
 from app.iam.callers import authenticate, create_caller
+from bench.database import bench_database
 
-ADMIN_URL = os.environ.get(
-    "BENCH_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-)
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 SUBSCRIPTION = (
     "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type poolId occurredAt } }"
@@ -58,26 +53,6 @@ SUBSCRIPTION = (
 
 
 # --- setup ----------------------------------------------------------------------------
-
-
-async def create_bench_database() -> str:
-    name = f"bc_bench_{secrets.token_hex(6)}"
-    admin = create_async_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    await admin.dispose()
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    await upgrade(url)
-    return url
-
-
-async def drop_bench_database(url: str) -> None:
-    admin = create_async_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.exec_driver_sql(
-            f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'
-        )
-    await admin.dispose()
 
 
 async def seed_tenant(db: Database, capacity: Capacity, tenant: str) -> tuple[str, str]:
@@ -222,7 +197,11 @@ def percentile(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    url = await create_bench_database()
+    async with bench_database() as url:
+        await measure(args, url)
+
+
+async def measure(args: argparse.Namespace, url: str) -> None:
     db = create_database(url)
     bus = EventBus(REDIS_URL)
     server: subprocess.Popen[bytes] | None = None
@@ -331,7 +310,6 @@ async def run(args: argparse.Namespace) -> None:
             server.terminate()
             server.wait(10)
         await db.dispose()
-        await drop_bench_database(url)
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import socket
 import statistics
@@ -31,10 +30,8 @@ from typing import Any
 import httpx
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.engine import create_database
-from app.db.migrate import upgrade
 from app.db.models import (
     AuthzRow,
     CapacityRow,
@@ -47,10 +44,8 @@ from app.db.models import (
 )
 from app.iam.callers import create_caller
 from app.ids import new_id
+from bench.database import bench_database
 
-ADMIN_URL = os.environ.get(
-    "BENCH_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-)
 CONCURRENCY = 16
 SIZES = (10, 100, 200, 1000)
 MAIN_SIZE = 200
@@ -77,25 +72,6 @@ SMALL = """query One($tenantId: String!, $poolId: ID!) {
 
 
 # --- database -----------------------------------------------------------------------
-
-
-async def create_bench_database() -> str:
-    name = f"bc_bench_{secrets.token_hex(6)}"
-    admin = create_async_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    await admin.dispose()
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    await upgrade(url)
-    return url
-
-
-async def drop_bench_database(url: str) -> None:
-    name = make_url(url).database
-    admin = create_async_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.dispose()
 
 
 @dataclass
@@ -341,7 +317,11 @@ def ratio_line(name: str, measured: Figures, floor: Figures) -> str:
 
 
 async def main() -> None:
-    url = await create_bench_database()
+    async with bench_database() as url:
+        await measure(url)
+
+
+async def measure(url: str) -> None:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         seeded = await seed(url)
@@ -361,7 +341,6 @@ async def main() -> None:
     finally:
         for process in servers:
             stop_server(process)
-        await drop_bench_database(url)
 
 
 async def report(clients: Clients, seeded: Seeded) -> None:
