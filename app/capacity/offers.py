@@ -25,17 +25,21 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     to_guest = inp.to_tenant_id != pool.tenant_id
-    if to_guest and pool.sharing in SHARED_GPU_MODES:
+    # The owner's own offer with includeDescendants shares the pool with its subtree.
+    shared = to_guest or inp.include_descendants
+    if shared and pool.sharing in SHARED_GPU_MODES:
         raise InvalidState(
-            f"a {pool.sharing} pool can only be offered to its owner", field="toTenantId"
+            f"a {pool.sharing} pool can only be offered to its owner, without descendants",
+            field="toTenantId",
         )
-    if to_guest:
+    if shared:
         tenant_nodes = await uow.session.scalar(
             select(exists().where(Node.pool_id == pool.id, Node.owner_tenant_id.is_not(None)))
         )
         if tenant_nodes:
             raise InvalidState(
-                "a pool holding tenant-owned nodes can only be offered to its owner",
+                "a pool holding tenant-owned nodes can only be offered to its owner, "
+                "without descendants",
                 field="toTenantId",
             )
     if pool.policy.get("singleTenant"):
@@ -65,6 +69,13 @@ async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) ->
         delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
     )
     await remove_authz_row(session, pool_id, tenant_id)
+    # Rows are locked in resource order first, as bookings and releases take them.
+    await session.execute(
+        select(QuotaRow.resource)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
+        .order_by(QuotaRow.resource)
+        .with_for_update()
+    )
     await session.execute(
         update(QuotaRow)
         .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
@@ -97,9 +108,11 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         row.resource: row
         for row in (
             await session.execute(
-                select(QuotaRow).where(
-                    QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
-                )
+                # Locked: a concurrent release must not change `used` under the resize.
+                select(QuotaRow)
+                .where(QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id)
+                .order_by(QuotaRow.resource)
+                .with_for_update()
             )
         ).scalars()
     }

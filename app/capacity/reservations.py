@@ -41,7 +41,7 @@ def _take_quota(pool_id: str, tenant_id: str, resource: str, amount: int) -> Upd
             QuotaRow.pool_id == pool_id,
             QuotaRow.tenant_id == tenant_id,
             QuotaRow.resource == resource,
-            QuotaRow.used + amount <= QuotaRow.max,
+            QuotaRow.used <= QuotaRow.max - amount,  # no overflow near 2^63
         )
         .values(used=QuotaRow.used + amount)
     )
@@ -53,7 +53,7 @@ def _take_capacity(pool_id: str, resource: str, amount: int) -> Update:
         .where(
             CapacityRow.pool_id == pool_id,
             CapacityRow.resource == resource,
-            CapacityRow.booked + amount <= CapacityRow.allocatable,
+            CapacityRow.booked <= CapacityRow.allocatable - amount,
         )
         .values(booked=CapacityRow.booked + amount)
     )

@@ -34,7 +34,13 @@ async def refresh_rollup(session: AsyncSession, pool: Pool) -> None:
     rows = {
         row.resource: row
         for row in (
-            await session.execute(select(CapacityRow).where(CapacityRow.pool_id == pool.id))
+            # Locked: a release committing meanwhile must not leave us a stale `booked`.
+            await session.execute(
+                select(CapacityRow)
+                .where(CapacityRow.pool_id == pool.id)
+                .order_by(CapacityRow.resource)
+                .with_for_update()
+            )
         ).scalars()
     }
     for resource, total in units.items():

@@ -30,7 +30,7 @@ from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
 from app.events.reader import OutboxEvent, outbox_bounds, prune_events, read_events
-from app.events.visibility import EventFilter, World, delivers, load_world
+from app.events.visibility import EventFilter, World, delivers, load_world, seen_by
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Subscription:
                     page, covered, complete = await relay.replay_page(self)
                     for event in page:
                         self._waiting_since = loop.time()
-                        yield event
+                        yield seen_by(event, self.filter)
                         self._waiting_since = None
                         self.last_seq = event.seq
                     self.last_seq = max(self.last_seq, covered)
@@ -139,7 +139,7 @@ class Subscription:
                 if mailed.seq <= self.last_seq:
                     continue
                 self._waiting_since = loop.time()
-                yield mailed
+                yield seen_by(mailed, self.filter)
                 self._waiting_since = None
                 self.last_seq = mailed.seq
         finally:

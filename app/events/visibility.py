@@ -16,6 +16,7 @@ names it. Two things are decided on current state instead, from one load per bat
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -156,3 +157,15 @@ def delivers(event: OutboxEvent, subscription: EventFilter, world: World) -> boo
     if grant is None or grant.tenant_id == actor.tenant_id or grant.tenant_id not in event.audience:
         return False
     return not pool.archived and allows_pool(actor.principal, POOLS_READ, grant.attributes)
+
+
+def seen_by(event: OutboxEvent, subscription: EventFilter) -> OutboxEvent:
+    """The event as the subscriber may read it. Every pool change is made by the pool's
+    owner (`tenant_id`), who reads it whole; another tenant learns of the tenants an
+    archive removed only itself and its ancestors, never the other guests."""
+    if event.type != "pool.archived" or subscription.actor.tenant_id == event.tenant_id:
+        return event
+    lineage = set(subscription.actor.lineage)
+    removed = event.data.get("removedTenantIds", [])
+    data = {**event.data, "removedTenantIds": [t for t in removed if t in lineage]}
+    return dataclasses.replace(event, data=data)

@@ -229,3 +229,30 @@ async def test_a_cursor_older_than_the_retention_window_is_expired(
         await settle(app, resumed)
         assert [e.data["n"] for e in resumed.events] == [4]
         await resumed.close()
+
+
+async def test_an_archive_tells_each_guest_only_of_itself(
+    app: Starlette, api: Api, fleet: Fleet
+) -> None:
+    """No event tells a tenant who else held an offer: the owner reads every removed
+    tenant, each guest only itself."""
+    s = await Scene.start(api, fleet)
+    owner = await subscribe(app, s.token, "acme")
+    beta = await subscribe(app, await s.guest("beta"), "beta")
+    gamma = await subscribe(app, await s.guest("gamma"), "gamma")
+    pool_id = (await s.pool())["id"]
+    await s.offer(pool_id, "beta", {"gpu": 1})
+    await s.offer(pool_id, "gamma", {"gpu": 1})
+    await s.archive(pool_id)
+    await settle(app, owner, beta, gamma)
+
+    def removed(collector: object) -> list[str]:
+        archived = [e for e in collector.events if e.type == "pool.archived"]  # type: ignore[attr-defined]
+        assert len(archived) == 1
+        return list(archived[0].data["removedTenantIds"])
+
+    assert sorted(removed(owner)) == ["beta", "gamma"]
+    assert removed(beta) == ["beta"]
+    assert removed(gamma) == ["gamma"]
+    for collector in (owner, beta, gamma):
+        await collector.close()
