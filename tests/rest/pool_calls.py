@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -81,3 +82,31 @@ def assert_pool_shape(pool: dict[str, Any]) -> None:
         assert set(item) == OFFER_KEYS
         for quota in item["quotas"]:
             assert set(quota) == QUOTA_KEYS
+
+
+# The ways a pool can be hidden from a guest; each must answer as a missing pool does.
+HIDDEN_BY = ("never-offered", "unoffered", "archived", "missing")
+
+
+async def hide_from_guest(
+    api: Api,
+    owner_token: str,
+    owner: str,
+    pool_id: str,
+    guest: str,
+    hidden_by: str,
+    seen_by_guest: Callable[[], Awaitable[object]],
+) -> str:
+    """Leave the pool hidden from `guest` as `hidden_by` says (offered first, and checked
+    visible through `seen_by_guest`, where it is then withdrawn); returns the id to ask for."""
+    if hidden_by in ("unoffered", "archived"):
+        await offer(api, owner_token, owner, pool_id, guest, {"gpu": 1})
+        await seen_by_guest()  # visible until then
+    if hidden_by == "unoffered":
+        body = {"tenantId": owner, "poolId": pool_id, "toTenantId": guest}
+        await api.ok(owner_token, "pools/unoffer", body)
+    elif hidden_by == "archived":
+        await api.ok(owner_token, "pools/archive", {"tenantId": owner, "poolId": pool_id})
+    elif hidden_by == "missing":
+        return MISSING_POOL
+    return pool_id

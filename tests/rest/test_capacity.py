@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from tests.rest.pool_calls import CAPACITY_KEYS, MISSING_POOL, create_pool, offer
+from tests.rest.pool_calls import (
+    CAPACITY_KEYS,
+    HIDDEN_BY,
+    MISSING_POOL,
+    create_pool,
+    hide_from_guest,
+    offer,
+)
 from tests.support import Api, Fleet
 
 CAPACITY_QUERY = """
@@ -86,7 +93,7 @@ async def test_an_offered_tenant_sees_the_same_rollup_as_the_owner(api: Api, fle
     assert await _capacity(api, acme, "acme", pool["id"]) == [_row("gpu", 8)]
 
 
-@pytest.mark.parametrize("hidden_by", ["never-offered", "unoffered", "archived", "missing"])
+@pytest.mark.parametrize("hidden_by", HIDDEN_BY)
 async def test_capacity_is_not_found_when_the_pool_is_not_visible(
     api: Api, fleet: Fleet, hidden_by: str
 ) -> None:
@@ -98,18 +105,17 @@ async def test_capacity_is_not_found_when_the_pool_is_not_visible(
         await fleet.caller("acme"),
         await fleet.caller("beta"),
     )
-    pool_id = (await create_pool(api, acme, "acme", site))["id"]
-    await fleet.node(pool_id, 2)
-    if hidden_by in ("unoffered", "archived"):
-        await offer(api, acme, "acme", pool_id, "beta", {"gpu": 1})
-        await _capacity(api, beta, "beta", pool_id)  # visible until then
-    if hidden_by == "unoffered":
-        body = {"tenantId": "acme", "poolId": pool_id, "toTenantId": "beta"}
-        await api.ok(acme, "pools/unoffer", body)
-    elif hidden_by == "archived":
-        await api.ok(acme, "pools/archive", {"tenantId": "acme", "poolId": pool_id})
-    elif hidden_by == "missing":
-        pool_id = MISSING_POOL
+    created = (await create_pool(api, acme, "acme", site))["id"]
+    await fleet.node(created, 2)
+    pool_id = await hide_from_guest(
+        api,
+        acme,
+        "acme",
+        created,
+        "beta",
+        hidden_by,
+        lambda: _capacity(api, beta, "beta", created),
+    )
 
     response = await api.post(beta, "pools/capacity", {"tenantId": "beta", "poolId": pool_id})
     missing = await api.post(beta, "pools/capacity", {"tenantId": "beta", "poolId": MISSING_POOL})

@@ -10,9 +10,10 @@ import pytest
 
 from tests.rest.pool_calls import (
     DEFAULT_OWNER_MAX,
-    MISSING_POOL,
+    HIDDEN_BY,
     assert_pool_shape,
     create_pool,
+    hide_from_guest,
     offer,
 )
 from tests.support import Api, Fleet
@@ -277,7 +278,7 @@ async def test_offers_only_in_the_owner_view_with_share(
             assert seen["offers"] is None
 
 
-@pytest.mark.parametrize("hidden_by", ["never-offered", "unoffered", "archived", "missing"])
+@pytest.mark.parametrize("hidden_by", HIDDEN_BY)
 async def test_get_is_not_found_unless_owned_or_offered_and_not_archived(
     api: Api, fleet: Fleet, hidden_by: str
 ) -> None:
@@ -285,17 +286,10 @@ async def test_get_is_not_found_unless_owned_or_offered_and_not_archived(
     archived and the tenant is not its owner."""
     t = await _tenants(fleet, "acme", "beta")
     acme, beta = t.tokens["acme"], t.tokens["beta"]
-    pool_id = (await create_pool(api, acme, "acme", t.sites["acme"]))["id"]
-    if hidden_by in ("unoffered", "archived"):
-        await offer(api, acme, "acme", pool_id, "beta", {"gpu": 1})
-        await _get(api, beta, "beta", pool_id)  # visible until then
-    if hidden_by == "unoffered":
-        body = {"tenantId": "acme", "poolId": pool_id, "toTenantId": "beta"}
-        await api.ok(acme, "pools/unoffer", body)
-    elif hidden_by == "archived":
-        await api.ok(acme, "pools/archive", {"tenantId": "acme", "poolId": pool_id})
-    elif hidden_by == "missing":
-        pool_id = MISSING_POOL
+    created = (await create_pool(api, acme, "acme", t.sites["acme"]))["id"]
+    pool_id = await hide_from_guest(
+        api, acme, "acme", created, "beta", hidden_by, lambda: _get(api, beta, "beta", created)
+    )
 
     status, error = await api.fails(beta, "pools/get", {"tenantId": "beta", "poolId": pool_id})
     assert (status, error["code"], error["details"]) == (404, "NOT_FOUND", {"field": "poolId"})
