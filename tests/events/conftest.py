@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -13,10 +13,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from app.config import Settings
-from app.db.engine import Database, create_database
 from app.server import create_app
 from app.websocket_protocol import LeanWebSocketProtocol
-from tests.databases import empty_tables
 from tests.events.brokers import free_port
 from tests.support import Api
 
@@ -58,23 +56,6 @@ async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
     finally:
         server.should_exit = True
         await serving
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def pg_database_url(database_url_for: Callable[[str], Awaitable[str]]) -> str:
-    """The run's PostgreSQL database, emptied (for what only PostgreSQL has)."""
-    url = await database_url_for("postgresql")
-    await empty_tables(url)
-    return url
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def pg_db(pg_database_url: str) -> AsyncIterator[Database]:
-    database = create_database(pg_database_url)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

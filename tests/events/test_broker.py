@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -27,15 +28,16 @@ def _settings(database_url: str, broadcast_url: str) -> Settings:
     )
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
 async def test_a_redis_restart_mid_stream_loses_and_repeats_nothing(
-    pg_database_url: str, pg_db: Database
+    database_url: str, db: Database
 ) -> None:
     redis = PrivateRedis()
     await redis.start()
     try:
-        settings = _settings(pg_database_url, redis.url)
+        settings = _settings(database_url, redis.url)
         async with running(settings) as (writer, api), running(settings) as (reader, _):
-            s = await Scene.start(api, Fleet(pg_db))
+            s = await Scene.start(api, Fleet(db))
             pool_id = (await s.pool())["id"]
             watching = await subscribe(reader, s.token, "acme")
             capacity = writer.state.capacity
@@ -59,20 +61,21 @@ async def test_a_redis_restart_mid_stream_loses_and_repeats_nothing(
         await redis.stop()
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
 async def test_a_killed_listen_connection_is_replaced_and_caught_up(
-    pg_database_url: str, pg_db: Database
+    database_url: str, db: Database
 ) -> None:
-    broadcast = make_url(pg_database_url).set(drivername="postgresql")
-    settings = _settings(pg_database_url, broadcast.render_as_string(hide_password=False))
+    broadcast = make_url(database_url).set(drivername="postgresql")
+    settings = _settings(database_url, broadcast.render_as_string(hide_password=False))
     async with running(settings) as (writer, api), running(settings) as (reader, _):
-        s = await Scene.start(api, Fleet(pg_db))
+        s = await Scene.start(api, Fleet(db))
         pool_id = (await s.pool())["id"]
         watching = await subscribe(reader, s.token, "acme")
         capacity = writer.state.capacity
         await emit_updates(capacity, pool_id, "acme", 10)
         await wait_until(lambda: len(watching.events) == 10)
 
-        async with pg_db.writer.connect() as conn:
+        async with db.writer.connect() as conn:
             killed = (
                 await conn.execute(
                     text(
@@ -94,14 +97,15 @@ async def test_a_killed_listen_connection_is_replaced_and_caught_up(
         await watching.close()
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
 async def test_redis_wake_ups_reach_the_other_process_without_a_reconnect(
-    pg_database_url: str, pg_db: Database, redis_url: str
+    database_url: str, db: Database, redis_url: str
 ) -> None:
     """broadcaster's own Redis backend could subscribe and then receive nothing; with the
     poll at a minute and no reconnect, every event here arrives by its wake-up alone."""
-    settings = _settings(pg_database_url, redis_url)
+    settings = _settings(database_url, redis_url)
     async with running(settings) as (writer, api), running(settings) as (reader, _):
-        s = await Scene.start(api, Fleet(pg_db))
+        s = await Scene.start(api, Fleet(db))
         pool_id = (await s.pool())["id"]
         watching = await subscribe(reader, s.token, "acme")
         for n in range(20):

@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
 
@@ -105,10 +106,11 @@ async def mutate(apis: list[Api], tokens: dict[str, str], pools: dict[str, list[
     return done
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
 async def test_two_processes_deliver_each_tenant_exactly_its_events(
-    pg_database_url: str, pg_db: Database, redis_url: str
+    database_url: str, db: Database, redis_url: str
 ) -> None:
-    fleet = Fleet(pg_db)
+    fleet = Fleet(db)
     tokens: dict[str, str] = {}
     sites: dict[str, str] = {}
     for tenant in TENANTS:
@@ -117,7 +119,7 @@ async def test_two_processes_deliver_each_tenant_exactly_its_events(
         tokens[tenant] = await fleet.caller(tenant, "admin")
 
     async with (
-        two_servers(pg_database_url, redis_url) as servers,
+        two_servers(database_url, redis_url) as servers,
         httpx.AsyncClient(base_url=f"http://{servers[0].address}") as first,
         httpx.AsyncClient(base_url=f"http://{servers[1].address}") as second,
     ):
@@ -129,7 +131,7 @@ async def test_two_processes_deliver_each_tenant_exactly_its_events(
                 (await apis[(i + k) % 2].ok(tokens[tenant], "pools/create", body))["pool"]["id"]
                 for k in range(2)
             ]
-        async with pg_db.reader.connect() as conn:
+        async with db.reader.connect() as conn:
             start = (await outbox_bounds(conn)).newest
         # Every subscriber resumes after the same cursor, so none misses the first mutations
         # however long its connection takes.
@@ -151,7 +153,7 @@ async def test_two_processes_deliver_each_tenant_exactly_its_events(
 
         assert await mutate(apis, tokens, pools) == MUTATIONS
 
-        committed = [e for e in await events(pg_db) if e.seq > start]
+        committed = [e for e in await events(db) if e.seq > start]
         expected = {
             tenant: [encode_cursor(e.seq) for e in committed if tenant in e.audience]
             for tenant in TENANTS

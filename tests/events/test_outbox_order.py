@@ -7,6 +7,7 @@ import asyncio
 import random
 from collections import defaultdict
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
@@ -39,11 +40,10 @@ async def test_one_transaction_numbers_its_events_in_the_order_given(db: Databas
     assert all(e.audience == {"acme"} for e in read)
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # SQLite has one writer at a time
 async def test_a_writer_draws_numbers_only_after_the_previous_one_committed(
-    pg_db: Database,
+    db: Database,
 ) -> None:
-    """PostgreSQL only: SQLite has one writer at a time already."""
-    db = pg_db
     first = AsyncSession(db.writer)
     second = AsyncSession(db.writer)
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -87,14 +88,15 @@ async def flood(capacity: Capacity, pool_id: str) -> None:
                 )
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # as production runs several processes
 async def test_a_client_that_stops_reading_is_closed_and_memory_stays_bounded(
-    pg_database_url: str, pg_db: Database, redis_url: str
+    database_url: str, db: Database, redis_url: str
 ) -> None:
-    fleet = Fleet(pg_db)
+    fleet = Fleet(db)
     bus = EventBus(redis_url)
     await bus.connect()
-    capacity = Capacity(pg_db, bus.notify)
-    env = {"BETTERCOMPUTE_DATABASE_URL": pg_database_url, "BETTERCOMPUTE_BROADCAST_URL": redis_url}
+    capacity = Capacity(db, bus.notify)
+    env = {"BETTERCOMPUTE_DATABASE_URL": database_url, "BETTERCOMPUTE_BROADCAST_URL": redis_url}
     try:
         async with bettercompute_serve(**env) as server:
             await _run(server, fleet, capacity)

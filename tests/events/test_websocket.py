@@ -170,14 +170,15 @@ async def test_refused_subscriptions_carry_their_codes(
             await stream.close()
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
 async def test_disconnect_500_changes_reconnect_with_the_last_cursor(
-    pg_database_url: str, pg_db: Database
+    database_url: str, db: Database
 ) -> None:
     """Exactly those 500, in order, then live again."""
     protocol = WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL
-    settings = Settings(database_url=pg_database_url)
+    settings = Settings(database_url=database_url)
     async with served(settings) as (_, address), http_api(address) as api:
-        s = await Scene.start(api, Fleet(pg_db))
+        s = await Scene.start(api, Fleet(db))
         pool_id = (await s.pool())["id"]
         first = Stream(ws_client(address, s.token, protocol), LIGHT_EVENTS, tenantId="acme")
         await asyncio.sleep(0.3)
