@@ -19,9 +19,8 @@ from app.db.models import Caller, RoleBinding, Tenant
 from app.iam.callers import create_caller, create_token
 from app.iam.principal import Principal
 
-# (tenant, parent)
+# (tenant, parent); the built-in `fleet` tenant comes with the schema (migration 0002).
 TENANTS = (
-    ("fleet", None),
     ("acme", None),
     ("globex", None),
     ("globex-research", "globex"),

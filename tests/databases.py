@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from app.db.migrate import upgrade
-from app.db.models import Base
+from app.db.models import Base, Tenant
+from app.iam.roles import FLEET_TENANT
 
 POSTGRES_URL = os.environ.get(
     "BETTERCOMPUTE_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -52,9 +53,11 @@ def _plain_engine(url: str) -> AsyncEngine:
 
 
 async def empty_tables(url: str) -> None:
-    """Delete every row of every model table; keep alembic_version. Sequences restart."""
+    """Delete every row of every model table but the built-in fleet tenant, which the
+    database refuses to delete (migration 0002); keep alembic_version. Sequences restart."""
     engine = _plain_engine(url)
-    tables = Base.metadata.sorted_tables
+    tables = [t for t in Base.metadata.sorted_tables if t is not Tenant.__table__]
+    tenants = delete(Tenant).where(Tenant.id != FLEET_TENANT)
     try:
         async with engine.begin() as connection:
             if connection.dialect.name == "postgresql":
@@ -64,9 +67,11 @@ async def empty_tables(url: str) -> None:
                     connection.dialect.identifier_preparer.format_table(t) for t in tables
                 )
                 await connection.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+                await connection.execute(tenants)
             else:
                 for table in reversed(tables):
                     await connection.execute(delete(table))
+                await connection.execute(tenants)
                 has_sequences = await connection.scalar(
                     text("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
                 )

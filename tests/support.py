@@ -10,6 +10,7 @@ import httpx
 from app.capacity import inventory
 from app.db.engine import Database
 from app.iam.callers import create_caller
+from app.iam.roles import FLEET_TENANT
 
 
 @dataclass
@@ -20,6 +21,8 @@ class Fleet:
     tokens: dict[str, str] = field(default_factory=dict)
 
     async def tenant(self, tenant_id: str, parent: str | None = None) -> str:
+        if tenant_id == FLEET_TENANT and parent is None:
+            return tenant_id  # built in: every migrated database has it
         return await inventory.create_tenant(self.db, tenant_id, parent)
 
     async def site(self, tenant_id: str, kind: str = "custom", region: str = "eu-west") -> str:

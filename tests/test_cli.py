@@ -14,6 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from app.config import Settings
+from app.server import create_app
+from tests.support import Api
+
 BIN = Path(sys.executable).with_name("bettercompute")
 
 
@@ -64,6 +68,48 @@ async def test_failures_exit_non_zero_with_one_line(fresh_database_url: str) -> 
         assert done.returncode != 0 and done.stdout == ""
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stderr.startswith("bettercompute: ")
+
+
+async def test_a_fleet_admin_on_a_fresh_database_acts_for_any_tenant(
+    fresh_database_url: str,
+) -> None:
+    """CONTRACT 2, exactly as an operator runs it: the fleet tenant comes with the schema."""
+    url = fresh_database_url
+    run(url, "db", "upgrade")
+    admin = out(url, "caller", "create", "--tenant", "fleet", "--role", "fleet-admin")
+    assert admin["callerId"].startswith("caller_") and admin["token"].startswith("bct_")
+    out(url, "tenant", "create", "acme")
+    site = out(url, "site", "create", "--tenant", "acme", "--kind", "custom", "--region", "eu")
+
+    application = create_app(Settings(database_url=url))
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application), base_url="http://testserver"
+        ) as client,
+    ):
+        api = Api(client)
+        body = {"tenantId": "acme", "siteId": site["siteId"], "class": "metal-host"}
+        created = (await api.ok(admin["token"], "pools/create", body))["pool"]
+        listed = await api.ok(admin["token"], "pools/list", {"tenantId": "acme"})
+    assert [(p["id"], p["owned"]) for p in listed["pools"]] == [(created["id"], True)]
+
+
+async def test_the_fleet_tenant_cannot_be_created_again_or_given_a_parent(
+    fresh_database_url: str,
+) -> None:
+    url = fresh_database_url
+    run(url, "db", "upgrade")
+    out(url, "tenant", "create", "acme")
+    for args in (("tenant", "create", "fleet"), ("tenant", "create", "fleet", "--parent", "acme")):
+        done = run(url, *args, ok=False)
+        assert done.returncode != 0 and done.stdout == ""
+        assert done.stderr == (
+            "bettercompute: CONFLICT: tenant fleet is built in: it exists on every database,"
+            " with no parent\n"
+        )
+    # Fleet may still be a parent: its children are ordinary tenants.
+    assert out(url, "tenant", "create", "ops", "--parent", "fleet") == {"tenantId": "ops"}
 
 
 def _free_port() -> int:

@@ -6,6 +6,7 @@ from sqlalchemy import func, insert, select
 
 from app.db.engine import Database
 from app.db.models import Base, Event, Tenant, utcnow
+from app.iam.roles import FLEET_TENANT
 from tests.databases import empty_tables
 
 
@@ -26,7 +27,9 @@ async def test_database_url_starts_empty_and_sequences_restart(
     async with db.reader.connect() as connection:
         for table in Base.metadata.sorted_tables:
             count = await connection.scalar(select(func.count()).select_from(table))
-            assert count == 0, table.name
+            expected = 1 if table is Tenant.__table__ else 0  # the built-in fleet tenant
+            assert count == expected, table.name
+        assert await connection.scalar(select(Tenant.id)) == FLEET_TENANT
 
     assert await _add_tenant_and_event(db) == 1
     await empty_tables(database_url)

@@ -11,6 +11,7 @@ from app.capacity.rollup import refresh_rollup
 from app.db.engine import Database
 from app.db.models import Node, Pool, ProviderAccount, Site, Tenant
 from app.db.uow import UnitOfWork
+from app.iam.roles import FLEET_TENANT
 from app.ids import new_id
 
 SITE_KINDS = ("platform", "custom")
@@ -33,6 +34,11 @@ async def _require_tenant(uow: UnitOfWork, tenant_id: str, field: str) -> None:
 
 async def create_tenant(db: Database, tenant_id: str, parent_id: str | None = None) -> str:
     _check_tenant_id(tenant_id, "tenantId")
+    if tenant_id == FLEET_TENANT:  # made by the schema (migration 0002), a root for good
+        raise Conflict(
+            f"tenant {FLEET_TENANT} is built in: it exists on every database, with no parent",
+            field="tenantId",
+        )
     async with UnitOfWork(db) as uow:
         if parent_id is not None:
             await _require_tenant(uow, parent_id, "parent")

@@ -9,6 +9,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
@@ -61,10 +62,16 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
+    """The built-in `fleet` tenant (app.iam.roles.FLEET_TENANT) is created by migration
+    0002, whose triggers refuse to delete or rename it; this CHECK keeps it a root."""
+
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     parent_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table_args__ = (
+        CheckConstraint("id <> 'fleet' OR parent_id IS NULL", name="fleet_has_no_parent"),
+    )
 
 
 class Caller(Base):
