@@ -21,7 +21,8 @@ TOKEN = "s3cr3t.l0gt0k3nv4lue"
 async def test_a_failed_insert_of_a_policy_logs_no_secret(
     db: Database, fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)  # everything: SQL statements, drivers, errors
+    caplog.set_level(logging.DEBUG)  # everything: drivers, errors...
+    caplog.set_level(logging.INFO, logger="sqlalchemy.engine")  # ...and SQL statements
     await fleet.tenant("acme")
     site = await fleet.site("acme")
     row = {
@@ -41,5 +42,7 @@ async def test_a_failed_insert_of_a_policy_logs_no_secret(
             await conn.execute(insert(Pool), row)  # the same id again
     assert to_domain_error(failed.value).code == "INTERNAL"  # logged with its traceback
     assert "unhandled error" in caplog.text
+    statements = [r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy")]
+    assert any("INSERT INTO pools" in m for m in statements)  # logged, without their values
     assert TOKEN not in str(failed.value)
     assert TOKEN not in caplog.text
