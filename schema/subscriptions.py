@@ -46,7 +46,11 @@ class PoolEvent:
     pool_id: strawberry.ID = strawberry.field(description="The pool it is about.")
     tenant_id: str = strawberry.field(description="The tenant that made the change.")
     occurred_at: datetime = strawberry.field(description="When the change committed.")
-    data: JSON = strawberry.field(description="What changed; its keys depend on `type`.")
+    data: JSON = strawberry.field(
+        description="What changed; its keys depend on `type`. Only what the subscriber may "
+        "read: another tenant's offer details reach only the owner's callers with "
+        "compute:pools:share (docs/events.md)."
+    )
     tenant: strawberry.Private[str]  # the subscribing tenant
     # This event's own reads, when `pool` is selected: fresh data for every event.
     scope: strawberry.Private[Context | None]

@@ -67,8 +67,14 @@ async def lock_owned_pool(
     return pool
 
 
+def reads_offers(principal: Principal, owned: bool, attributes: PoolAttributes) -> bool:
+    """Whether a caller reads a pool's offers (other tenants' quotas, priorities): its tenant
+    owns the pool and its role grants compute:pools:share on it. Reads and events ask this."""
+    return owned and allows_pool(principal, POOLS_SHARE, attributes)
+
+
 def sees_offers(principal: Principal, pool: PoolView) -> bool:
-    return pool.owned and allows_pool(principal, POOLS_SHARE, pool.grant.attributes)
+    return reads_offers(principal, pool.owned, pool.grant.attributes)
 
 
 def sees_capacity(principal: Principal, pool: PoolView) -> bool:

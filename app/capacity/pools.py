@@ -216,7 +216,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
         policy = validate_policy(
-            inp.policy, PolicyContext(pool.pool_class, pool.sharing, site.kind)
+            inp.policy, PolicyContext(pool.pool_class, pool.sharing, site.kind), pool.policy
         )
         if policy.get("singleTenant") and not pool.policy.get("singleTenant"):
             guests = [o for o in offers if o.tenant_id != pool.tenant_id]

@@ -11,6 +11,7 @@ from sqlalchemy import Row, Select, and_, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.capacity.errors import NotFound, pool_not_found
+from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
     Grant,
@@ -110,7 +111,7 @@ def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolVie
         gpu_model=row.gpu_model,
         sharing=row.sharing,
         agent=row.agent,
-        policy=dict(row.policy),
+        policy=readable_policy(row.policy),  # never a secret, on any surface
         provider_account_id=row.provider_account_id,
         region=row.region,
         owned=row.tenant_id == actor_tenant,

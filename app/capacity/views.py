@@ -56,7 +56,7 @@ class PoolView:
     gpu_model: str | None
     sharing: str
     agent: str
-    policy: dict[str, Any]
+    policy: dict[str, Any]  # readable: secrets shown as `<name>Set: true` (policy.readable_policy)
     provider_account_id: str | None
     region: str
     owned: bool

@@ -8,6 +8,7 @@ On PostgreSQL both roles share one engine.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +51,23 @@ def _configure_sqlite(engine: AsyncEngine, begin: str) -> None:
 
 
 def create_database(url: str, *, pool_size: int = 10) -> Database:
+    # hide_parameters: bound values (a pool policy's join token among them) never reach a
+    # log line or an exception's message, even with SQL logging on.
     if make_url(url).get_backend_name() == "sqlite":
-        writer = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=60)
-        reader = create_async_engine(url, pool_size=4, max_overflow=4)
+        # aiosqlite logs every statement with its bound values at DEBUG; keep that off.
+        logging.getLogger("aiosqlite").setLevel(logging.INFO)
+        writer = create_async_engine(
+            url, pool_size=1, max_overflow=0, pool_timeout=60, hide_parameters=True
+        )
+        reader = create_async_engine(url, pool_size=4, max_overflow=4, hide_parameters=True)
         _configure_sqlite(writer, "BEGIN IMMEDIATE")
         _configure_sqlite(reader, "BEGIN")
         return Database(url, writer, reader)
     engine = create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size * 2,
+        pool_pre_ping=True,
+        hide_parameters=True,
     )
     return Database(url, engine, engine)

@@ -30,7 +30,7 @@ from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
 from app.events.reader import OutboxEvent, outbox_bounds, prune_events, read_events
-from app.events.visibility import EventFilter, World, delivers, load_world, seen_by
+from app.events.visibility import EventFilter, World, load_world, readable_event
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Subscription:
                     page, covered, complete = await relay.replay_page(self)
                     for event in page:
                         self._waiting_since = loop.time()
-                        yield seen_by(event, self.filter)
+                        yield event
                         self._waiting_since = None
                         self.last_seq = event.seq
                     self.last_seq = max(self.last_seq, covered)
@@ -139,7 +139,7 @@ class Subscription:
                 if mailed.seq <= self.last_seq:
                     continue
                 self._waiting_since = loop.time()
-                yield seen_by(mailed, self.filter)
+                yield mailed
                 self._waiting_since = None
                 self.last_seq = mailed.seq
         finally:
@@ -277,7 +277,8 @@ class Relay:
             world = await load_world(conn, {e.pool_id for e in events})
         complete = len(events) < self._batch_size
         covered = bounds.newest if complete else events[-1].seq
-        return [e for e in events if delivers(e, flt, world)], covered, complete
+        shown = [readable_event(e, flt, world) for e in events]
+        return [e for e in shown if e is not None], covered, complete
 
     # -- the loops ------------------------------------------------------------------------
 
@@ -308,8 +309,12 @@ class Relay:
     def _fan_out(self, events: Collection[OutboxEvent], world: World) -> None:
         for event in events:
             for subscription in self._audience_subscriptions(event):
-                if subscription.live and delivers(event, subscription.filter, world):
-                    subscription.offer(event)
+                if not subscription.live:
+                    continue
+                # Each subscription gets the event as its caller may read it.
+                shown = readable_event(event, subscription.filter, world)
+                if shown is not None:
+                    subscription.offer(shown)
 
     def _audience_subscriptions(self, event: OutboxEvent) -> Collection[Subscription]:
         """Subscriptions whose tenant, or one of its ancestors, is in the audience."""

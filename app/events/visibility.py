@@ -1,4 +1,4 @@
-"""Who receives an event: one rule for live delivery and for replay from a cursor.
+"""Who receives an event, and what of it: one rule for live delivery and for replay.
 
 An event's audience (written in the event's own transaction, CONTRACT section 7) is
 exactly the set of tenants entitled to it when it committed: the owner, the tenant an
@@ -12,6 +12,14 @@ names it. Two things are decided on current state instead, from one load per bat
   offered tenant, not its subtree);
 - the caller's role binding, when narrowed by pool attributes, must allow
   `compute:pools:read` on the pool (the per-pool IAM decision).
+
+Then an event shows the subscriber nothing a query by the same caller would not
+(CONTRACT section 7): offer details (`toTenantId`, `quota`, `priority`,
+`includeDescendants`) and the removed tenants of an archive are whole only for a caller
+that reads the pool's offers (the owner's, with compute:pools:share on the pool). Any
+other caller receives offer events about its own offer, and about the ancestor's offer
+it sees the pool through (that tenant's id only); of an archive, only its own lineage
+among the removed tenants; no event about another tenant's offer at all.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
+from app.capacity.access import reads_offers
 from app.capacity.reads import Actor, Executor
 from app.capacity.views import Grant
 from app.db.models import AuthzRow, Pool
@@ -141,31 +150,51 @@ class EventFilter:
         )
 
 
-def delivers(event: OutboxEvent, subscription: EventFilter, world: World) -> bool:
-    """Whether `event` goes to this subscription."""
+OFFER_EVENTS = frozenset({"pool.offered", "pool.unoffered"})
+# What a tenant that sees the pool through an ancestor's offer reads of an event about
+# that offer: whose offer it is (its own lineage), not its quota or priority.
+THROUGH_OFFER_KEYS = ("toTenantId", "version")
+
+
+def readable_event(
+    event: OutboxEvent, subscription: EventFilter, world: World
+) -> OutboxEvent | None:
+    """The event as this subscription may read it, or None when it is not delivered.
+    Not delivering is the same as a filtered-out event: the cursor still moves past it."""
     if not subscription.wants(event):
-        return False
+        return None
     actor = subscription.actor
     pool = world.pools.get(event.pool_id)
     if pool is None:  # pools are never deleted; nothing to show without one
-        return False
+        return None
     grant = world.grant(actor, event.pool_id)
+    through: str | None = None  # the ancestor whose offer the actor sees the pool through
     if actor.tenant_id in event.audience:
         attributes = grant.attributes if grant is not None else pool.attributes_for(actor.tenant_id)
-        return allows_pool(actor.principal, POOLS_READ, attributes)
-    # A descendant, through the offer of the audience tenant that lets it see the pool now.
-    if grant is None or grant.tenant_id == actor.tenant_id or grant.tenant_id not in event.audience:
-        return False
-    return not pool.archived and allows_pool(actor.principal, POOLS_READ, grant.attributes)
-
-
-def seen_by(event: OutboxEvent, subscription: EventFilter) -> OutboxEvent:
-    """The event as the subscriber may read it. Every pool change is made by the pool's
-    owner (`tenant_id`), who reads it whole; another tenant learns of the tenants an
-    archive removed only itself and its ancestors, never the other guests."""
-    if event.type != "pool.archived" or subscription.actor.tenant_id == event.tenant_id:
-        return event
-    lineage = set(subscription.actor.lineage)
-    removed = event.data.get("removedTenantIds", [])
-    data = {**event.data, "removedTenantIds": [t for t in removed if t in lineage]}
-    return dataclasses.replace(event, data=data)
+    elif (
+        grant is not None
+        and grant.tenant_id != actor.tenant_id
+        and grant.tenant_id in event.audience
+        and not pool.archived
+    ):
+        attributes, through = grant.attributes, grant.tenant_id
+    else:
+        return None
+    if not allows_pool(actor.principal, POOLS_READ, attributes):
+        return None
+    if reads_offers(actor.principal, pool.owner == actor.tenant_id, attributes):
+        return event  # the owner's sharer reads every offer, as `offers` shows it
+    if event.type in OFFER_EVENTS:
+        concerned = event.data.get("toTenantId")
+        if concerned == actor.tenant_id:
+            return event  # its own offer
+        if through is not None and concerned == through:
+            data = {key: event.data[key] for key in THROUGH_OFFER_KEYS if key in event.data}
+            return dataclasses.replace(event, data=data)
+        return None  # another tenant's offer, which no query of this caller shows
+    if event.type == "pool.archived":
+        lineage = set(actor.lineage)
+        removed = event.data.get("removedTenantIds", [])
+        data = {**event.data, "removedTenantIds": [t for t in removed if t in lineage]}
+        return dataclasses.replace(event, data=data)
+    return event

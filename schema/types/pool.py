@@ -41,8 +41,9 @@ class Pool:
     sharing: Sharing = strawberry.field(description="How its GPUs are shared.")
     agent: Agent = strawberry.field(description="The node agent its machines run.")
     policy: JSON = strawberry.field(
-        description="The pool policy (v1.1) as nodes get it: hugepages, kernelModules, "
-        "kubernetes, platformOperated, sharing, migLayout, singleTenant, prewarmImages."
+        description="The pool policy (v1.1): hugepages, kernelModules, kubernetes, "
+        "platformOperated, sharing, migLayout, singleTenant, prewarmImages. Secrets are "
+        "write-only: `kubernetes.token` reads as `kubernetes.tokenSet: true`."
     )
     provider_account_id: strawberry.ID | None = strawberry.field(
         description="The provider account of a PROVIDER pool; null for other classes."

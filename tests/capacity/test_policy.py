@@ -15,6 +15,7 @@ from app.capacity.policy import (
     has_join_set,
     mig_instances_per_gpu,
     prewarm_images,
+    readable_policy,
     registry,
     replicas,
     single_tenant,
@@ -610,3 +611,108 @@ def test_registry_runs_rules_on_the_normalized_policy_read_only() -> None:
 
     assert local.validate({"n": 2}, CUSTOM) == {"n": 4}
     assert seen == [{"n": 4}]
+
+
+# --- secrets: write-only (CONTRACT section 6, docs/decisions/0001) ----------------------
+
+TOKEN = JOIN["token"]
+STORED: dict[str, Any] = {"kubernetes": {**JOIN_SET, "labels": {"team": "ml"}}}
+SHOWN: dict[str, Any] = {
+    "kubernetes": {
+        "apiServer": JOIN["apiServer"],
+        "tokenSet": True,
+        "caCertHash": HASH,
+        "labels": {"team": "ml"},
+    }
+}
+
+
+def test_the_module_that_owns_kubernetes_declares_its_token_secret() -> None:
+    secrets = {key: [s.name for s in e.secrets] for key, e in registry.keys().items() if e.secrets}
+    assert secrets == {"kubernetes": ["token"]}
+
+
+def test_a_readable_policy_shows_token_set_in_place_of_the_token() -> None:
+    stored = copy.deepcopy(STORED)
+    shown = readable_policy(stored)
+    assert shown == SHOWN
+    assert list(shown["kubernetes"]) == ["apiServer", "tokenSet", "caCertHash", "labels"]
+    assert TOKEN not in repr(shown)
+    assert stored == STORED  # the stored policy is left as it is
+    # Nothing to hide: nothing changes, and no tokenSet appears.
+    labels_only = {"kubernetes": {"labels": {"a": "b"}}, "singleTenant": True}
+    assert readable_policy(labels_only) == labels_only
+    assert readable_policy({}) == {}
+
+
+def test_token_set_sent_back_keeps_the_stored_token() -> None:
+    edited = copy.deepcopy(SHOWN)
+    edited["kubernetes"]["labels"] = {"team": "infra"}
+    kept = validate_policy(edited, CUSTOM, STORED)
+    assert kept == {"kubernetes": {**JOIN_SET, "labels": {"team": "infra"}}}
+    assert readable_policy(validate_policy(SHOWN, CUSTOM, STORED)) == SHOWN  # a round trip
+
+
+def test_a_new_token_replaces_the_stored_one() -> None:
+    fresh = {**SHOWN["kubernetes"], "token": "zyxwvu.9876543210fedcba"}
+    assert validate_policy({"kubernetes": fresh}, CUSTOM, STORED)["kubernetes"]["token"] == (
+        "zyxwvu.9876543210fedcba"
+    )
+    without_marker = {**JOIN_SET, "token": "zyxwvu.9876543210fedcba"}
+    assert validate_policy({"kubernetes": without_marker}, CUSTOM, STORED)["kubernetes"] == (
+        without_marker
+    )
+
+
+def test_leaving_kubernetes_out_removes_the_token() -> None:
+    assert validate_policy({"singleTenant": True}, CUSTOM, STORED) == {"singleTenant": True}
+
+
+def test_token_set_false_keeps_nothing() -> None:
+    labels_only = {"kubernetes": {"tokenSet": False, "labels": {"a": "b"}}}
+    assert validate_policy(labels_only, CUSTOM, STORED) == {"kubernetes": {"labels": {"a": "b"}}}
+    # With the rest of the join set, the join set is then incomplete.
+    incomplete = {**SHOWN["kubernetes"], "tokenSet": False}
+    with pytest.raises(InvalidInput) as info:
+        validate_policy({"kubernetes": incomplete}, CUSTOM, STORED)
+    assert info.value.field == "policy.kubernetes.token"
+
+
+@pytest.mark.parametrize(
+    ("stored", "moved", "field"),
+    [
+        (None, {}, "policy.kubernetes.tokenSet"),  # create: nothing stored
+        ({}, {}, "policy.kubernetes.tokenSet"),
+        ({"kubernetes": {"labels": {}}}, {}, "policy.kubernetes.tokenSet"),
+        # The stored token goes only to the server and CA it was given for.
+        (STORED, {"apiServer": "https://evil.example.com"}, "policy.kubernetes.token"),
+        (STORED, {"caCertHash": "sha256:" + "f" * 64}, "policy.kubernetes.token"),
+    ],
+)
+def test_token_set_without_a_token_to_keep_is_refused(
+    stored: dict[str, Any] | None, moved: dict[str, str], field: str
+) -> None:
+    sent = {"kubernetes": {**SHOWN["kubernetes"], **moved}}
+    with pytest.raises(InvalidInput) as info:
+        validate_policy(sent, CUSTOM, stored)
+    assert info.value.field == field
+    assert TOKEN not in info.value.message
+
+
+@pytest.mark.parametrize("marker", ["yes", 1, None, TOKEN])
+def test_token_set_must_be_a_boolean(marker: object) -> None:
+    sent = {"kubernetes": {**SHOWN["kubernetes"], "tokenSet": marker}}
+    with pytest.raises(InvalidInput) as info:
+        validate_policy(sent, CUSTOM, STORED)
+    assert info.value.field == "policy.kubernetes.tokenSet"
+    assert TOKEN not in info.value.message
+
+
+def test_a_kept_token_still_needs_platform_operated_on_a_platform_site() -> None:
+    with pytest.raises(InvalidInput) as info:
+        validate_policy(SHOWN, PLATFORM, STORED)
+    assert info.value.field == "policy.platformOperated"
+    assert validate_policy({**SHOWN, "platformOperated": True}, PLATFORM, STORED) == {
+        **STORED,
+        "platformOperated": True,
+    }

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from app.capacity.reads import Actor, load_grants, load_lineage
 from app.db.engine import Database
-from app.events.visibility import load_world
+from app.events.reader import read_events
+from app.events.visibility import EventFilter, load_world, readable_event
 from app.iam.principal import Principal
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -51,3 +52,44 @@ async def test_batch_grants_match_the_domain_for_a_tenant_tree(
     assert granted_by("beta-dev-ci", shared) == "beta"
     assert granted_by("gamma-dev", shared) is None
     assert granted_by("beta-dev", archived) is None
+
+
+async def test_offer_details_follow_the_callers_share_permission(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """`readable_event` on the outbox rows: a fleet admin acting for the owner, like the
+    owner's admin, reads every offer whole; the owner's operator (no compute:pools:share)
+    and an admin narrowed to other GPU models read none of a guest's."""
+    s = await Scene.start(api, fleet)
+    await s.guest("beta")
+    pool_id = (await s.pool(gpuModel="H100"))["id"]
+    await s.offer(pool_id, "beta", {"gpu": 2}, priority=3)
+    await s.archive(pool_id)
+    callers = {
+        "fleet admin": Principal("caller_f", "fleet", "fleet-admin"),
+        "owner admin": Principal("caller_a", "acme", "admin"),
+        "owner operator": Principal("caller_o", "acme", "operator"),
+        "owner admin of A100 pools": Principal("caller_n", "acme", "admin", {"gpuModel": "A100"}),
+    }
+    async with db.reader.connect() as conn:
+        written = await read_events(conn, 0, limit=10)
+        world = await load_world(conn, [pool_id])
+        lineage = await load_lineage(conn, "acme")
+    read = {}
+    for who, principal in callers.items():
+        subscription = EventFilter(Actor(principal, "acme", lineage))
+        shown = [readable_event(e, subscription, world) for e in written]
+        read[who] = [
+            (e.type, e.data.get("toTenantId"), e.data.get("removedTenantIds")) for e in shown if e
+        ]
+    whole = [
+        ("pool.created", None, None),
+        ("pool.offered", "beta", None),
+        ("pool.archived", None, ["beta"]),
+    ]
+    assert read == {
+        "fleet admin": whole,
+        "owner admin": whole,
+        "owner operator": [("pool.created", None, None), ("pool.archived", None, [])],
+        "owner admin of A100 pools": [],
+    }

@@ -29,6 +29,12 @@ JOIN_SET = {
     "token": "abcdef.0123456789abcdef",
     "caCertHash": "sha256:" + "a" * 64,
 }
+# How every read shows JOIN_SET: the token is write-only (CONTRACT section 6).
+JOIN_READ = {
+    "apiServer": JOIN_SET["apiServer"],
+    "tokenSet": True,
+    "caCertHash": JOIN_SET["caCertHash"],
+}
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 
 
@@ -304,7 +310,8 @@ async def test_a_policy_nodes_can_take_is_stored_as_given(api: Api, fleet: Fleet
         "sharing": {"replicas": 48},
     }
     pool = await create_pool(api, token, "acme", site, sharing="timeslice", policy=policy)
-    assert pool["policy"] == policy
+    kubernetes = {**JOIN_READ, "labels": {"node.kubernetes.io/pool": "gpu"}}
+    assert pool["policy"] == {**policy, "kubernetes": kubernetes}
 
 
 @pytest.mark.parametrize(
@@ -334,7 +341,8 @@ async def test_platform_site_join_set_needs_platform_operated(
     response = await api.post(token, "pools/create", body)
     if field is None:
         assert response.status_code == 200, response.text
-        assert response.json()["pool"]["policy"] == policy
+        read = {**policy, "kubernetes": JOIN_READ} if policy["kubernetes"] == JOIN_SET else policy
+        assert response.json()["pool"]["policy"] == read
     else:
         error = response.json()["error"]
         assert (response.status_code, error["code"], error["details"]["field"]) == (

@@ -99,7 +99,9 @@ async def test_a_platform_sites_kubernetes_join_needs_platform_operated(
         "policy.platformOperated",
     )
     joined = {"kubernetes": JOIN_SET, "platformOperated": True}
-    assert (await _update(s, pool["id"], policy=joined))["policy"] == joined
+    read = {"kubernetes": {**JOIN_SET, "tokenSet": True}, "platformOperated": True}
+    del read["kubernetes"]["token"]  # write-only (CONTRACT section 6)
+    assert (await _update(s, pool["id"], policy=joined))["policy"] == read
 
     custom_site = await fleet.site("acme", kind="custom")
     custom = await s.pool(siteId=custom_site)

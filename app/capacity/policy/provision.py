@@ -26,7 +26,7 @@ from .checks import (
     item,
     reject_unknown_keys,
 )
-from .registry import PolicyContext, policy_key, policy_rule
+from .registry import PolicyContext, SecretField, policy_key, policy_rule
 
 MODULE = "provision"
 
@@ -74,6 +74,9 @@ def validate_kernel_modules(value: object, ctx: PolicyContext, field: str) -> li
 # --- kubernetes ----------------------------------------------------------------
 
 JOIN_KEYS = ("apiServer", "token", "caCertHash")
+# The join token lets a machine into the tenant's cluster: write-only (CONTRACT section 6).
+# Kept on update only for the apiServer and CA it was given for.
+JOIN_TOKEN = SecretField("token", bound_to=("apiServer", "caCertHash"))
 KUBERNETES_KEYS = (*JOIN_KEYS, "labels")
 TOKEN_MAX = 4096
 API_SERVER_MAX = 2048
@@ -240,7 +243,7 @@ _JOIN_CHECKS = {
 }
 
 
-@policy_key("kubernetes", module=MODULE)
+@policy_key("kubernetes", module=MODULE, secrets=(JOIN_TOKEN,))
 def validate_kubernetes(value: object, ctx: PolicyContext, field: str) -> dict[str, Any]:
     obj = expect_object(value, field)
     reject_unknown_keys(obj, KUBERNETES_KEYS, field)

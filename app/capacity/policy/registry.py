@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from app.capacity.errors import InvalidInput
 
-from .checks import child, json_type
+from .checks import child, expect_bool, json_type
 
 POOL_CLASSES = frozenset({"metal-host", "metal-dedicated", "vps-host", "provider"})
 SHARING_MODES = frozenset({"exclusive", "mig", "timeslice", "mps"})
@@ -52,10 +52,28 @@ _R = TypeVar("_R", bound=RuleValidator)
 
 
 @dataclass(frozen=True, slots=True)
+class SecretField:
+    """A write-only field of a key's object value (CONTRACT section 6): stored for the
+    nodes, never read back. Reads show `<name>Set: true` in its place; a policy sent back
+    with that marker and no new value keeps the stored one (see `PolicyRegistry.validate`).
+    """
+
+    name: str
+    # A stored secret is kept only while these fields keep their stored values: kept for a
+    # new apiServer, a join token would be sent to a server its writer never chose.
+    bound_to: tuple[str, ...] = ()
+
+    @property
+    def marker(self) -> str:
+        return f"{self.name}Set"
+
+
+@dataclass(frozen=True, slots=True)
 class KeyEntry:
     key: str
     module: str
     validate: KeyValidator
+    secrets: tuple[SecretField, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +90,11 @@ class PolicyRegistry:
         self._keys: dict[str, KeyEntry] = {}
         self._rules: list[RuleEntry] = []
 
-    def key(self, key: str, *, module: str) -> Callable[[_K], _K]:
-        """Decorator: `fn` validates and normalizes `policy[key]`; `module` owns the key."""
+    def key(
+        self, key: str, *, module: str, secrets: tuple[SecretField, ...] = ()
+    ) -> Callable[[_K], _K]:
+        """Decorator: `fn` validates and normalizes `policy[key]`; `module` owns the key and
+        declares which fields of its object value are `secrets`."""
 
         def register(fn: _K) -> _K:
             existing = self._keys.get(key)
@@ -82,7 +103,7 @@ class PolicyRegistry:
                 raise ValueError(
                     f"policy key {key!r} is already registered by module {existing.module!r}"
                 )
-            self._keys[key] = KeyEntry(key=key, module=module, validate=fn)
+            self._keys[key] = KeyEntry(key=key, module=module, validate=fn, secrets=secrets)
             return fn
 
         return register
@@ -113,11 +134,15 @@ class PolicyRegistry:
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
-    def validate(self, policy: object, ctx: PolicyContext) -> dict[str, Any]:
+    def validate(
+        self, policy: object, ctx: PolicyContext, stored: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Check `policy` for a pool in `ctx`; return a fresh normalized dict.
 
-        Raises InvalidInput naming the offending field (`policy.<key>...`).
-        The input is never mutated: validators build new values.
+        `stored` is the policy it replaces (on update): a secret sent back as
+        `<name>Set: true` without a new value keeps the stored one.
+        Raises InvalidInput naming the offending field (`policy.<key>...`); a message never
+        echoes a secret. The input is never mutated: validators build new values.
         """
         if not isinstance(policy, dict):
             raise InvalidInput(
@@ -141,12 +166,64 @@ class PolicyRegistry:
         normalized: dict[str, Any] = {}
         for key, value in policy.items():
             entry = self._keys[key]
-            normalized[key] = entry.validate(value, ctx, child("policy", key))
+            field = child("policy", key)
+            kept = _keep_secrets(entry, value, (stored or {}).get(key), field)
+            normalized[key] = entry.validate(kept, ctx, field)
 
         view = MappingProxyType(normalized)  # rules read, never write
         for rule in self._rules:
             rule.check(view, ctx)
         return normalized
+
+    def readable(self, policy: Mapping[str, Any]) -> dict[str, Any]:
+        """The policy as anyone may read it: each stored secret replaced by
+        `<name>Set: true`, in its place. The one function every surface reads it through."""
+        shown = dict(policy)
+        for key, value in policy.items():
+            entry = self._keys.get(key)
+            if entry is None or not entry.secrets or not isinstance(value, Mapping):
+                continue
+            markers = {s.name: s.marker for s in entry.secrets}
+            shown[key] = {
+                markers.get(name, name): True if name in markers else item
+                for name, item in value.items()
+            }
+        return shown
+
+
+def _keep_secrets(entry: KeyEntry, value: object, stored: object, field: str) -> object:
+    """`value` with each `<secret>Set` marker taken out: `true` without a new secret puts
+    the stored one back (refused when none is stored, or when a field it is bound to
+    changed); `false`, or a new secret given beside it, keeps nothing of the old one."""
+    if not entry.secrets or not isinstance(value, dict):
+        return value  # the key's validator reports a wrong type
+    value = dict(value)
+    old = stored if isinstance(stored, Mapping) else {}
+    for secret in entry.secrets:
+        if secret.marker not in value:
+            continue
+        marker_field = child(field, secret.marker)
+        keep = expect_bool(value.pop(secret.marker), marker_field)
+        if not keep or secret.name in value:
+            continue
+        secret_field = child(field, secret.name)
+        if secret.name not in old:
+            raise InvalidInput(
+                f"{marker_field} is true but no {secret.name} is stored to keep; "
+                f"give {secret_field}",
+                field=marker_field,
+            )
+        moved = [name for name in secret.bound_to if value.get(name) != old.get(name)]
+        if moved:
+            raise InvalidInput(
+                f"{child(field, moved[0])} differs from the stored one, so the stored "
+                f"{secret.name} is not kept: give {secret_field} again (a stored "
+                f"{secret.name} is kept only with the {', '.join(secret.bound_to)} it was "
+                "given with)",
+                field=secret_field,
+            )
+        value[secret.name] = old[secret.name]
+    return value
 
 
 registry = PolicyRegistry()
@@ -154,6 +231,14 @@ policy_key = registry.key
 policy_rule = registry.rule
 
 
-def validate_policy(policy: object, ctx: PolicyContext) -> dict[str, Any]:
-    """Validate and normalize a pool policy with every registered module's validators."""
-    return registry.validate(policy, ctx)
+def validate_policy(
+    policy: object, ctx: PolicyContext, stored: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Validate and normalize a pool policy with every registered module's validators;
+    `stored` is the policy it replaces, whose secrets `<name>Set: true` keeps."""
+    return registry.validate(policy, ctx, stored)
+
+
+def readable_policy(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored policy as every surface shows it: no secret, `<name>Set: true` instead."""
+    return registry.readable(policy)
