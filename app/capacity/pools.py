@@ -34,6 +34,7 @@ from app.capacity.reads import (
     visible_pool,
     visible_pools,
 )
+from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, PoolDetail
 from app.db.models import (
@@ -263,6 +264,9 @@ async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolIn
     ]
     for tenant_id in removed:
         await withdraw_offer(session, pool.id, tenant_id)
+    # Bookings check the pool's state while holding these rows: once we hold them, every
+    # booking still to commit will see the archive (docs/decisions/0004).
+    await lock_capacity_rows(session, pool.id)
     pool.archived = True
     pool.version += 1
     pool.updated_at = utcnow()
