@@ -210,6 +210,11 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    if inp.gpu_model is not None:
+        # A narrowed binding may only leave the pool where it could then manage it (as
+        # create requires of a new pool).
+        moved = PoolAttributes(inp.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
+        decide_pool(principal, POOLS_MANAGE, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
