@@ -14,6 +14,7 @@ import asyncio
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -57,9 +58,9 @@ async def _booker(s: Scene, pool_id: str, stream: Stream) -> None:
         await s.release(response.json()["reservation"]["id"])
 
 
-async def _wait_for(condition: object, deadline_s: float) -> None:
+async def _wait_for(condition: Callable[[], bool], deadline_s: float) -> None:
     deadline = time.monotonic() + deadline_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.monotonic() < deadline, "the bookers did not get going"
         await asyncio.sleep(0.02)
 
