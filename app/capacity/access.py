@@ -6,6 +6,8 @@ visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> stat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -51,12 +53,37 @@ def attributes_of(row: AuthzRow) -> PoolAttributes:
     return PoolAttributes(row.gpu_model, row.pool_class, row.sharing, row.region, row.owned)
 
 
+async def pool_attributes(
+    executor: Executor, tenant_id: str, pool_ids: Sequence[str]
+) -> dict[str, PoolAttributes]:
+    """Each pool's attributes as the tenant's authz row carries them, read from the pool
+    itself: a reservation outlives the row (unoffer, archive) but not the binding."""
+    if not pool_ids:
+        return {}
+    rows = await executor.execute(
+        select(
+            Pool.id, Pool.tenant_id, Pool.gpu_model, Pool.pool_class, Pool.sharing, Pool.region
+        ).where(Pool.id.in_(pool_ids))
+    )
+    return {
+        r.id: PoolAttributes(
+            r.gpu_model, r.pool_class, r.sharing, r.region, r.tenant_id == tenant_id
+        )
+        for r in rows
+    }
+
+
 async def lock_owned_pool(
     session: AsyncSession, actor: Actor, pool_id: str, permission: str
 ) -> Pool:
-    """Lock a pool the actor owns for a write. Anyone else gets NOT_FOUND (seed)."""
+    """Lock a pool the actor owns for a write. Anyone else gets NOT_FOUND (seed).
+
+    FOR NO KEY UPDATE, not FOR UPDATE: owner writes exclude each other, while the key-share
+    lock of a reservation's foreign key never makes them wait (docs/decisions/0004)."""
     pool = (
-        await session.execute(select(Pool).where(Pool.id == pool_id).with_for_update())
+        await session.execute(
+            select(Pool).where(Pool.id == pool_id).with_for_update(key_share=True)
+        )
     ).scalar_one_or_none()
     if pool is None or pool.tenant_id != actor.tenant_id:
         raise pool_not_found(pool_id)

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from app.capacity.bounds import MAX_RESOURCES
 from app.capacity.errors import InvalidInput
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
@@ -28,9 +29,12 @@ IdempotencyKey = Annotated[
 Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
 PositiveAmount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
 # The JSON schema of a resource map says what validation does: keys that do not match the
-# pattern are refused (patternProperties alone would let them through unchecked).
+# pattern are refused (patternProperties alone would let them through unchecked), and so
+# are more than MAX_RESOURCES of them (maxProperties).
 _ONLY_RESOURCE_KEYS = Field(json_schema_extra={"additionalProperties": False})
-QuotaMap = Annotated[dict[ResourceName, Amount], _ONLY_RESOURCE_KEYS]
+QuotaMap = Annotated[
+    dict[ResourceName, Amount], Field(max_length=MAX_RESOURCES), _ONLY_RESOURCE_KEYS
+]
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -98,7 +102,9 @@ class CreateReservationInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")
     resources: Annotated[
-        dict[ResourceName, PositiveAmount], Field(min_length=1, max_length=16), _ONLY_RESOURCE_KEYS
+        dict[ResourceName, PositiveAmount],
+        Field(min_length=1, max_length=MAX_RESOURCES),
+        _ONLY_RESOURCE_KEYS,
     ]
     idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
 

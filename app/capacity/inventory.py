@@ -76,7 +76,10 @@ async def add_node(
         raise InvalidInput("gpus must be 1 to 1024", field="gpus")
     async with UnitOfWork(db) as uow:
         pool = (
-            await uow.session.execute(select(Pool).where(Pool.id == pool_id).with_for_update())
+            # As owner writes lock it (access.lock_owned_pool): no wait on bookings' FK locks.
+            await uow.session.execute(
+                select(Pool).where(Pool.id == pool_id).with_for_update(key_share=True)
+            )
         ).scalar_one_or_none()
         if pool is None:
             raise NotFound(f"pool {pool_id} not found", field="pool")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import lock_owned_pool, pool_detail, resolve_pool_actor
-from app.capacity.errors import InvalidInput, InvalidState, NotFound
+from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
+from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
@@ -57,6 +58,34 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             )
 
 
+async def _check_offer_bounds(
+    session: AsyncSession, pool_id: str, inp: OfferPoolInput, *, new_offer: bool, rows: set[str]
+) -> None:
+    """Sizes that grow with each offer (app/capacity/bounds.py). Rows not named keep their
+    value, so successive offers could otherwise pile up rows a single map cannot hold."""
+    held = len(rows | set(inp.quota))
+    if held > MAX_RESOURCES:
+        raise ResourceExhausted(
+            f"a tenant may hold at most {MAX_RESOURCES} quota rows on a pool; "
+            f"this offer would leave {inp.to_tenant_id} {held}",
+            field="quota",
+            limit="quotaRowsPerTenant",
+            max=MAX_RESOURCES,
+        )
+    if new_offer:
+        count = await session.scalar(
+            select(func.count()).select_from(Offer).where(Offer.pool_id == pool_id)
+        )
+        if (count or 0) >= MAX_OFFERS_PER_POOL:
+            raise ResourceExhausted(
+                f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
+                "its owner included",
+                field="toTenantId",
+                limit="offersPerPool",
+                max=MAX_OFFERS_PER_POOL,
+            )
+
+
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
     query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
@@ -87,23 +116,10 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
-    if await session.get(Tenant, inp.to_tenant_id) is None:
-        raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
+    # The state rules and the bounds come before the target tenant's existence: a pool that
+    # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     await _check_offer_state(uow, pool, inp)
-
     offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
-    if offer is None:
-        session.add(
-            Offer(
-                pool_id=pool.id,
-                tenant_id=inp.to_tenant_id,
-                include_descendants=inp.include_descendants,
-                priority=inp.priority,
-            )
-        )
-    else:
-        offer.include_descendants = inp.include_descendants
-        offer.priority = inp.priority
     rows = {
         row.resource: row
         for row in (
@@ -116,6 +132,22 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             )
         ).scalars()
     }
+    await _check_offer_bounds(session, pool.id, inp, new_offer=offer is None, rows=set(rows))
+    if await session.get(Tenant, inp.to_tenant_id) is None:
+        raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
+
+    if offer is None:
+        session.add(
+            Offer(
+                pool_id=pool.id,
+                tenant_id=inp.to_tenant_id,
+                include_descendants=inp.include_descendants,
+                priority=inp.priority,
+            )
+        )
+    else:
+        offer.include_descendants = inp.include_descendants
+        offer.priority = inp.priority
     for resource, maximum in inp.quota.items():
         row = rows.get(resource)
         if row is None:

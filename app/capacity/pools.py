@@ -34,6 +34,7 @@ from app.capacity.reads import (
     visible_pool,
     visible_pools,
 )
+from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, PoolDetail
 from app.db.models import (
@@ -209,6 +210,11 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    if inp.gpu_model is not None:
+        # A narrowed binding may only leave the pool where it could then manage it (as
+        # create requires of a new pool).
+        moved = PoolAttributes(inp.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
+        decide_pool(principal, POOLS_MANAGE, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
@@ -263,6 +269,9 @@ async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolIn
     ]
     for tenant_id in removed:
         await withdraw_offer(session, pool.id, tenant_id)
+    # Bookings check the pool's state while holding these rows: once we hold them, every
+    # booking still to commit will see the archive (docs/decisions/0004).
+    await lock_capacity_rows(session, pool.id)
     pool.archived = True
     pool.version += 1
     pool.updated_at = utcnow()

@@ -4,6 +4,10 @@ Shared counters are guarded in the database with conditional UPDATEs
 (`used + n <= max`, `booked + n <= allocatable`) and their rowcount, never a
 read-check-write across awaits. Every booking and release touches quota rows
 before capacity rows, each in resource order, so concurrent calls cannot deadlock.
+
+A booking takes no lock on the pool row. It checks the pool's state once it holds the
+capacity rows it books, and an archive locks those same rows before it commits: so a
+booking either commits before the archive or sees it (docs/decisions/0004).
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import CursorResult, Update, case, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import resolve_actor, resolve_pool_actor
+from app.capacity.access import pool_attributes, resolve_actor, resolve_pool_actor
 from app.capacity.errors import InvalidState, NotFound, ResourceExhausted
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
@@ -24,7 +29,7 @@ from app.capacity.reads import Executor, reservation_view, reservations_of, visi
 from app.capacity.views import ReservationView
 from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
-from app.iam.decisions import decide_pool
+from app.iam.decisions import allows_pool, decide_pool
 from app.iam.principal import Principal
 from app.iam.roles import RESERVATIONS_READ, RESERVATIONS_WRITE
 
@@ -77,6 +82,28 @@ async def _book(
             )
 
 
+async def lock_capacity_rows(session: AsyncSession, pool_id: str) -> None:
+    """Lock the rows every booking in the pool must update, in resource order as bookings
+    take them. An archive holding them until it commits orders itself after the bookings
+    in flight and before any booking that checks the pool's state after them."""
+    await session.execute(
+        select(CapacityRow.resource)
+        .where(CapacityRow.pool_id == pool_id)
+        .order_by(CapacityRow.resource)
+        .with_for_update()
+    )
+
+
+def _archived(pool_id: str) -> InvalidState:
+    return InvalidState(f"pool {pool_id} is archived and takes no new reservations", field="poolId")
+
+
+async def _refuse_if_archived(session: AsyncSession, pool_id: str) -> None:
+    """Read afresh (a new statement sees every commit before it, READ COMMITTED)."""
+    if await session.scalar(select(Pool.archived).where(Pool.id == pool_id)):
+        raise _archived(pool_id)
+
+
 async def _unbook(uow: UnitOfWork, rsv: Reservation) -> None:
     session = uow.session
     for resource in sorted(rsv.resources):
@@ -123,18 +150,18 @@ async def create_reservation(
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await visible_pool(session, actor, inp.pool_id)
     decide_pool(principal, RESERVATIONS_WRITE, pool.grant.attributes)
-    # A share lock orders this booking against a concurrent archive of the pool.
-    archived = (
-        await session.execute(
-            select(Pool.archived).where(Pool.id == pool.id).with_for_update(read=True)
-        )
-    ).scalar_one()
-    if archived:
-        raise InvalidState(
-            f"pool {pool.id} is archived and takes no new reservations", field="poolId"
-        )
+    if pool.archived:
+        raise _archived(pool.id)
     await call.remember(session)
-    await _book(uow, pool.id, pool.grant.tenant_id, dict(inp.resources))
+    try:
+        await _book(uow, pool.id, pool.grant.tenant_id, dict(inp.resources))
+    except ResourceExhausted:
+        # An archive that committed meanwhile dropped the rows: its state is the answer.
+        await _refuse_if_archived(session, pool.id)
+        raise
+    # Holding the capacity rows now, so an archive either committed before (seen here)
+    # or waits for this booking to commit.
+    await _refuse_if_archived(session, pool.id)
     rsv = Reservation(
         id=call.resource_id,
         pool_id=pool.id,
@@ -165,6 +192,10 @@ async def release_reservation(
     ).scalar_one_or_none()
     if rsv is None:
         raise NotFound(f"reservation {inp.reservation_id} not found", field="reservationId")
+    # The binding decides on the pool as for a booking, even once the pool is no longer
+    # offered (the reservation outlives the authz row).
+    attributes = await pool_attributes(session, actor.tenant_id, [rsv.pool_id])
+    decide_pool(principal, RESERVATIONS_WRITE, attributes[rsv.pool_id])
     if rsv.state == "active":
         rsv.state = "ended"
         rsv.ended_at = utcnow()
@@ -176,8 +207,20 @@ async def release_reservation(
 async def list_reservations(
     executor: Executor, principal: Principal, inp: ListReservationsInput
 ) -> list[ReservationView]:
+    """One pool's (NOT_FOUND as get, PERMISSION_DENIED outside the binding), or those of
+    every pool the binding allows."""
     actor = await resolve_actor(executor, principal, inp.tenant_id, RESERVATIONS_READ)
-    if inp.pool_id is None:
-        return await reservations_of(executor, actor.tenant_id)
-    pool = await visible_pool(executor, actor, inp.pool_id)
-    return await reservations_of(executor, actor.tenant_id, [pool.id])
+    if inp.pool_id is not None:
+        pool = await visible_pool(executor, actor, inp.pool_id)
+        decide_pool(principal, RESERVATIONS_READ, pool.grant.attributes)
+        return await reservations_of(executor, actor.tenant_id, [pool.id])
+    found = await reservations_of(executor, actor.tenant_id)
+    if not principal.conditions:
+        return found  # an unnarrowed binding allows every pool
+    attributes = await pool_attributes(executor, actor.tenant_id, list({r.pool_id for r in found}))
+    allowed = {
+        pool_id
+        for pool_id, pool in attributes.items()
+        if allows_pool(principal, RESERVATIONS_READ, pool)
+    }
+    return [r for r in found if r.pool_id in allowed]

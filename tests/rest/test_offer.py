@@ -122,6 +122,34 @@ async def test_an_archived_pool_cannot_be_offered(api: Api, fleet: Fleet) -> Non
     assert await _refused(s, pool["id"], "acme") == "poolId"
 
 
+async def test_a_refused_offer_answers_alike_whether_the_target_tenant_exists(
+    api: Api, fleet: Fleet
+) -> None:
+    """No tenant-existence oracle: the state rules come before the target tenant's
+    existence, so an archived, shared-GPU or taken singleTenant pool answers an offer to a
+    missing toTenantId exactly as one to an existing tenant."""
+    s = await Scene.start(api, fleet)
+    for tenant in ("beta", "gamma"):
+        await s.guest(tenant)
+    archived = (await s.pool())["id"]
+    await s.archive(archived)
+    shared = (await s.pool(sharing="timeslice"))["id"]
+    single = (await s.pool(policy={"singleTenant": True}))["id"]
+    await s.offer(single, "gamma", {"gpu": 1})
+    for pool_id in (archived, shared, single):
+        answers = []
+        for target in ("beta", "nobody"):
+            body = s.body(pool_id, toTenantId=target, quota={"gpu": 1})
+            answers.append(await api.fails(s.token, "pools/offer", body))
+        assert answers[0] == answers[1], pool_id
+        assert answers[0][1]["code"] == "INVALID_STATE"
+    # Where the pool would take the offer, the target must exist.
+    fresh = (await s.pool())["id"]
+    body = s.body(fresh, toTenantId="nobody", quota={"gpu": 1})
+    status, error = await api.fails(s.token, "pools/offer", body)
+    assert (status, error["code"], error["details"]["field"]) == (404, "NOT_FOUND", "toTenantId")
+
+
 @pytest.mark.parametrize("sharing", ["timeslice", "mps"])
 async def test_a_shared_gpu_pool_is_offered_only_to_its_owner(
     api: Api, fleet: Fleet, sharing: str

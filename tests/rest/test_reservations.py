@@ -275,3 +275,47 @@ async def test_the_rollup_counts_units_from_the_nodes(
     await s.reserve(pool["id"], {unit: totals[unit]})
     assert (await s.capacity(pool["id"]))[unit]["available"] == 0
     await _exhausted(s, pool["id"], {unit: 1})
+
+
+async def test_a_narrowed_binding_decides_every_reservation_method_per_pool(
+    api: Api, fleet: Fleet
+) -> None:
+    """CONTRACT 2: a binding narrowed by pool attributes applies only to matching pools, on
+    every reservation method: create, release, and list with or without poolId. A
+    reservation that outlives its offer is decided on its pool's attributes all the same."""
+    s = await Scene.start(api, fleet)
+    h100 = (await s.pool(gpuModel="H100"))["id"]
+    a100 = (await s.pool(gpuModel="A100"))["id"]
+    # beta lends acme an H100 pool, then withdraws the offer: acme's booking there stays.
+    await fleet.tenant("beta")
+    beta = await fleet.caller("beta", "admin")
+    beta_site = await fleet.site("beta")
+    body = {"tenantId": "beta", "siteId": beta_site, "class": "metal-host", "gpuModel": "H100"}
+    lent = (await api.ok(beta, "pools/create", body))["pool"]["id"]
+    for pool_id in (h100, a100, lent):
+        await fleet.node(pool_id, 8)
+    offer = {"tenantId": "beta", "poolId": lent, "toTenantId": "acme"}
+    await api.ok(beta, "pools/offer", offer | {"quota": {"gpu": 4}})
+    in_h100, in_a100, in_lent = [await s.reserve(p, {"gpu": 1}) for p in (h100, a100, lent)]
+    await api.ok(beta, "pools/unoffer", offer)
+    narrowed = await fleet.caller("acme", "operator", gpuModel="H100")
+
+    listed = await api.ok(narrowed, "reservations/list", {"tenantId": "acme"})
+    assert {r["id"] for r in listed["reservations"]} == {in_h100["id"], in_lent["id"]}
+    listed = await api.ok(narrowed, "reservations/list", {"tenantId": "acme", "poolId": h100})
+    assert [r["id"] for r in listed["reservations"]] == [in_h100["id"]]
+    denied = [
+        ("reservations/list", {"tenantId": "acme", "poolId": a100}),
+        ("reservations/release", {"tenantId": "acme", "reservationId": in_a100["id"]}),
+        ("reservations/create", {"tenantId": "acme", "poolId": a100, "resources": {"gpu": 1}}),
+    ]
+    for path, request in denied:
+        status, error = await api.fails(narrowed, path, request)
+        assert (status, error["code"]) == (403, "PERMISSION_DENIED"), path
+    everything = await api.ok(s.token, "reservations/list", {"tenantId": "acme"})
+    assert {r["id"]: r["state"] for r in everything["reservations"]} == {
+        r["id"]: "active" for r in (in_h100, in_a100, in_lent)
+    }
+    assert (await s.release(in_h100["id"], narrowed))["state"] == "ended"
+    assert (await s.release(in_lent["id"], narrowed))["state"] == "ended"
+    assert (await s.capacity(a100))["gpu"]["booked"] == 1

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from app.db.engine import Database
 from app.db.models import Site
-from tests.rest.scene import Scene, fetch
+from tests.rest.scene import Scene, events, fetch
 from tests.support import Api, Fleet
 
 JOIN_SET = {
@@ -276,3 +276,27 @@ async def test_authz_rows_are_refreshed_for_the_owner_and_every_offered_tenant(
     await _update(s, pool["id"], gpuModel="A100")
     for tenant in ("acme", "beta", "gamma"):
         assert (await seen(tenant, "H100"), await seen(tenant, "A100")) == (False, True)
+
+
+async def test_a_narrowed_binding_cannot_move_a_pool_outside_itself(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """CONTRACT 2: a binding narrowed to gpuModel=H100 applies only to H100 pools, so its
+    update must leave the pool an H100 pool (as its create must make one). Decided before
+    the state rules, like the permission on the pool."""
+    s = await Scene.start(api, fleet)
+    pool = await s.pool(gpuModel="H100")
+    narrowed = await fleet.caller("acme", "operator", gpuModel="H100")
+    before = await s.get(pool["id"])
+    for change in ({"gpuModel": "A100"}, {"gpuModel": "A100", "policy": {}}):
+        _, error = await api.fails(narrowed, "pools/update", s.body(pool["id"], **change))
+        assert error["code"] == "PERMISSION_DENIED", change
+    assert await s.get(pool["id"]) == before
+    assert [e.type for e in await events(db, pool["id"])] == ["pool.created"]
+    # Within the binding it may update, gpuModel included.
+    body = s.body(pool["id"], gpuModel="H100", policy={"kernelModules": ["vfio_pci"]})
+    assert (await api.ok(narrowed, "pools/update", body))["pool"]["version"] == 2
+    # Archived, the permission still comes first.
+    await s.archive(pool["id"])
+    _, error = await api.fails(narrowed, "pools/update", s.body(pool["id"], gpuModel="A100"))
+    assert error["code"] == "PERMISSION_DENIED"
