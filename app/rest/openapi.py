@@ -120,6 +120,21 @@ _ERRORS = {
     "503": "UNAVAILABLE",
 }
 
+# Input rules no JSON schema can carry (they compare two fields, or depend on the pool and
+# its site): a body valid by the schema may still be INVALID_INPUT for these.
+_RULES_BEYOND_THE_SCHEMA = {
+    "pools.create": "the policy is checked against the pool's class and sharing and the "
+    "site's kind (provision, sharing and tenancy validators)",
+    "pools.update": "the policy is checked against the pool's class and sharing and the "
+    "site's kind (provision, sharing and tenancy validators)",
+    "pools.unoffer": "toTenantId must not be the pool's owner",
+}
+
+
+def _responses_400(operation_id: str) -> str:
+    rule = _RULES_BEYOND_THE_SCHEMA.get(operation_id)
+    return _ERRORS["400"] + (f"; beyond the schema: {rule}" if rule else "")
+
 
 @cache
 def openapi_document() -> dict[str, Any]:
@@ -161,7 +176,9 @@ def openapi_document() -> dict[str, Any]:
                     },
                     **{
                         status: {
-                            "description": text,
+                            "description": _responses_400(f"{m.group}.{m.name}")
+                            if status == "400"
+                            else text,
                             "content": {"application/json": {"schema": error_ref}},
                         }
                         for status, text in _ERRORS.items()
