@@ -245,3 +245,34 @@ async def test_cross_field_rules_are_in_the_schema_and_the_server_agrees(
         assert update.is_valid(body) is valid, body
         response = await api.post(s.token, "pools/update", body)
         assert response.status_code == (200 if valid else 400), (body, response.text)
+
+
+async def test_openapi_links_lead_from_a_pool_or_a_booking_to_the_calls_that_take_it(
+    api: Api,
+) -> None:
+    """Stateful clients follow `links`: each names a served operation and fills only fields
+    of that operation's input, from the answer (`$response.body`) or the call
+    (`$request.body`)."""
+    document = (await api.client.get("/api/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    operations = {
+        op["operationId"]: op for path in document["paths"].values() for op in path.values()
+    }
+    linked = set()
+    for source, operation in operations.items():
+        for link in operation["responses"]["200"].get("links", {}).values():
+            target = operations[link["operationId"]]
+            ref = target["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            fields = schemas[ref.rsplit("/", 1)[1]]["properties"]
+            assert set(link["requestBody"]) <= set(fields), (source, link)
+            assert all(
+                v.startswith(("$response.body#/", "$request.body#/"))
+                for v in link["requestBody"].values()
+            )
+            linked.add((source, link["operationId"]))
+    assert {
+        ("pools.create", "pools.get"),
+        ("pools.create", "pools.archive"),
+        ("pools.offer", "reservations.create"),
+        ("reservations.create", "reservations.release"),
+    } <= linked
