@@ -1,6 +1,6 @@
 """Two `bettercompute serve` processes over one PostgreSQL and one Redis: subscribers
 spread over both, mutations spread over both (full size, `soak`: 50 subscribers and 2,000
-mutations; the default run: 12 and 300). Every subscriber receives exactly
+mutations; the default run: 9 and 150). Every subscriber receives exactly
 the events its tenant may see (CONTRACT section 7: the events whose audience names it),
 each once, in commit order (so in per-pool order), and none of another tenant's."""
 
@@ -36,7 +36,7 @@ class Size:
 
 
 SIZES = {
-    "default": Size([f"t{i}" for i in range(4)], 3, 300, 8),
+    "default": Size([f"t{i}" for i in range(3)], 3, 150, 6),
     "full": Size([f"t{i}" for i in range(10)], 5, 2000, 16),
 }
 # A busy machine may keep a call or a handshake waiting for many seconds: these bound a
