@@ -24,7 +24,9 @@ from websockets.exceptions import ConnectionClosed
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.events.bus import EventBus
+from app.events.cursor import encode_cursor
 from app.events.outbox import PendingEvent
+from app.events.reader import outbox_bounds
 from tests.events.processes import Served, bettercompute_serve
 from tests.events.support import wait_until
 from tests.rest.scene import Scene
@@ -157,9 +159,14 @@ async def _run(size: Size, server: Served, fleet: Fleet, capacity: Capacity) -> 
         pool_id = (await s.pool())["id"]
     healthy_ns: list[int] = []
     healthy_cursors: list[str] = []
-    healthy = await open_stream(server.address, s.token)
+    # Both resume after the same cursor, so neither misses the first events however long
+    # the server takes to start their subscriptions.
+    async with capacity.db.reader.connect() as conn:
+        start = encode_cursor((await outbox_bounds(conn)).newest)
+    healthy = await open_stream(server.address, s.token, after=start)
     reading = asyncio.create_task(read_all(healthy, healthy_ns, healthy_cursors))
-    stalled = await open_stream(server.address, s.token, small_buffer=True)  # not read, for now
+    # Not read, for now.
+    stalled = await open_stream(server.address, s.token, after=start, small_buffer=True)
     await asyncio.sleep(0.5)  # let the server's memory settle before the baseline
     before = server.rss_kib()
     async with peak_rss(server) as sampled:
@@ -186,7 +193,7 @@ async def _run(size: Size, server: Served, fleet: Fleet, capacity: Capacity) -> 
     assert await read_all(stalled, got, cursors) == 4413
     assert got == list(range(len(got)))
     # Resuming after its last cursor gives exactly the rest.
-    resumed = await open_stream(server.address, s.token, after=cursors[-1] if cursors else None)
+    resumed = await open_stream(server.address, s.token, after=cursors[-1] if cursors else start)
     rest: list[int] = []
     finishing = asyncio.create_task(read_all(resumed, rest, []))
     await wait_until(lambda: len(got) + len(rest) >= events, within_s=WAIT_S)
