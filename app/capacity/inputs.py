@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
 from app.capacity.bounds import MAX_RESOURCES
 from app.capacity.errors import InvalidInput
@@ -26,8 +33,19 @@ ResourceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9._-
 IdempotencyKey = Annotated[
     str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._~:/+=-]{1,128}$")
 ]
-Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
-PositiveAmount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
+
+
+def _integral(value: object) -> object:
+    """JSON has one number type and JSON Schema's `integer` includes 2.0 (ADR 0001): an
+    integral float is that integer; 2.5, "2" and true stay refused (strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+INTEGRAL = BeforeValidator(_integral)
+Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT), INTEGRAL]
+PositiveAmount = Annotated[int, Field(ge=1, le=MAX_AMOUNT), INTEGRAL]
 # The JSON schema of a resource map says what validation does: keys that do not match the
 # pattern are refused (patternProperties alone would let them through unchecked), and so
 # are more than MAX_RESOURCES of them (maxProperties).
@@ -60,6 +78,22 @@ class CapacityInput(GetPoolInput):
 
 
 class CreatePoolInput(MethodInput):
+    # The seed's cross-field rule, in the JSON schema so that schema-driven clients know it
+    # (the domain enforces it: app/capacity/pools.py `_effective_agent`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["class"], "properties": {"class": {"const": "provider"}}},
+            "then": {
+                "required": ["providerAccountId"],
+                "properties": {
+                    "providerAccountId": {"type": "string"},
+                    "agent": {"enum": ["none", None]},
+                },
+            },
+            "else": {"properties": {"providerAccountId": {"type": "null"}}},
+        }
+    )
+
     tenant_id: TenantId = Field(alias="tenantId")
     site_id: SiteId = Field(alias="siteId")
     pool_class: PoolClass = Field(alias="class")
@@ -78,7 +112,7 @@ class OfferPoolInput(MethodInput):
     to_tenant_id: TenantId = Field(alias="toTenantId")
     quota: QuotaMap
     include_descendants: bool = Field(default=False, alias="includeDescendants")
-    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    priority: Annotated[int, Field(ge=-1000, le=1000), INTEGRAL] = 0
 
 
 class UnofferPoolInput(MethodInput):
@@ -88,6 +122,16 @@ class UnofferPoolInput(MethodInput):
 
 
 class UpdatePoolInput(MethodInput):
+    # At least one change (the domain's rule in app/capacity/pools.py `update_pool`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["policy"], "properties": {"policy": {"type": "object"}}},
+                {"required": ["gpuModel"], "properties": {"gpuModel": {"type": "string"}}},
+            ]
+        }
+    )
+
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")
     policy: dict[str, Any] | None = None

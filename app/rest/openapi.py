@@ -120,6 +120,52 @@ _ERRORS = {
     "503": "UNAVAILABLE",
 }
 
+# Input rules no JSON schema can carry (they compare two fields, or depend on the pool and
+# its site): a body valid by the schema may still be INVALID_INPUT for these.
+_RULES_BEYOND_THE_SCHEMA = {
+    "pools.create": "the policy is checked against the pool's class and sharing and the "
+    "site's kind (provision, sharing and tenancy validators)",
+    "pools.update": "the policy is checked against the pool's class and sharing and the "
+    "site's kind (provision, sharing and tenancy validators)",
+    "pools.unoffer": "toTenantId must not be the pool's owner",
+}
+
+
+# OpenAPI links, for stateful clients (and schemathesis' stateful phase): a pool's id from
+# any answer that returns one, to the calls that take it; a booking's id to its release.
+_ACT_FOR = {"tenantId": "$request.body#/tenantId"}
+_POOL_CALLS = (
+    "pools.get",
+    "pools.capacity",
+    "pools.offer",
+    "pools.unoffer",
+    "pools.update",
+    "pools.archive",
+    "reservations.create",
+    "reservations.list",
+)
+
+
+def _links(operation_id: str, result_key: str) -> dict[str, Any]:
+    if result_key == "pool":
+        body = _ACT_FOR | {"poolId": "$response.body#/pool/id"}
+        return {
+            f"{target.replace('.', '-')}": {"operationId": target, "requestBody": body}
+            for target in _POOL_CALLS
+            if target != operation_id
+        }
+    if result_key == "reservation" and operation_id == "reservations.create":
+        body = _ACT_FOR | {"reservationId": "$response.body#/reservation/id"}
+        return {
+            "reservations-release": {"operationId": "reservations.release", "requestBody": body}
+        }
+    return {}
+
+
+def _responses_400(operation_id: str) -> str:
+    rule = _RULES_BEYOND_THE_SCHEMA.get(operation_id)
+    return _ERRORS["400"] + (f"; beyond the schema: {rule}" if rule else "")
+
 
 @cache
 def openapi_document() -> dict[str, Any]:
@@ -131,6 +177,8 @@ def openapi_document() -> dict[str, Any]:
             by_alias=True, ref_template="#/components/schemas/{model}"
         )
         error_ref = {"$ref": "#/components/schemas/Error"}
+        found = _links(f"{m.group}.{m.name}", m.result_key)
+        links = {"links": found} if found else {}
         paths[m.path] = {
             "post": {
                 "operationId": f"{m.group}.{m.name}",
@@ -149,6 +197,7 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "OK",
+                        **links,
                         "content": {
                             "application/json": {
                                 "schema": {
@@ -161,7 +210,9 @@ def openapi_document() -> dict[str, Any]:
                     },
                     **{
                         status: {
-                            "description": text,
+                            "description": _responses_400(f"{m.group}.{m.name}")
+                            if status == "400"
+                            else text,
                             "content": {"application/json": {"schema": error_ref}},
                         }
                         for status, text in _ERRORS.items()

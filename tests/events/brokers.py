@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import time
 
 from redis.asyncio import Redis
 
@@ -43,7 +44,8 @@ class PrivateRedis:
         )
         client = Redis.from_url(self.url)
         try:
-            for _ in range(200):
+            deadline = time.monotonic() + 60  # generous: a busy machine starts it slowly
+            while time.monotonic() < deadline:
                 try:
                     await client.ping()
                     return

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 import httpx
 
 from tests.events.brokers import free_port
+
+STARTUP_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Served:
         return self.log.read_text(errors="replace")
 
     def rss_kib(self) -> int:
+        """The process's resident memory; FileNotFoundError once it has exited."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
@@ -53,17 +57,20 @@ async def bettercompute_serve(**env: str) -> AsyncIterator[Served]:
     address = f"127.0.0.1:{port}"
     served = Served(address, process.pid, Path(name))
     try:
-        async with httpx.AsyncClient() as client:
-            for _ in range(300):
+        # Generous: a busy machine can take many seconds to import and start the app.
+        deadline = time.monotonic() + STARTUP_S
+        async with httpx.AsyncClient(timeout=STARTUP_S) as client:
+            while True:
                 if process.returncode is not None:
                     raise RuntimeError(f"serve exited: {served.output()[-2000:]}")
                 try:
                     if (await client.get(f"http://{address}/healthz")).status_code == 200:
                         break
                 except httpx.HTTPError:
-                    await asyncio.sleep(0.05)
-            else:
-                raise RuntimeError(f"serve did not answer: {served.output()[-2000:]}")
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"serve did not answer: {served.output()[-2000:]}")
+                await asyncio.sleep(0.05)
         yield served
     finally:
         if process.returncode is None:

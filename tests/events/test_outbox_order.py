@@ -56,7 +56,7 @@ async def test_a_writer_draws_numbers_only_after_the_previous_one_committed(
             assert await read_events(conn, 0, limit=10) == []
         await first.commit()
         # ...and numbers its event after the first one, once that is visible.
-        second_seq = await asyncio.wait_for(waiting, 10)
+        second_seq = await asyncio.wait_for(waiting, 60)
         await second.commit()
     finally:
         await first.close()

@@ -4,6 +4,7 @@ from a cursor, slow subscribers, retention. Mutations go through the real REST a
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from starlette.applications import Starlette
@@ -164,7 +165,7 @@ async def test_a_client_that_stops_taking_events_is_evicted(
         stuck.subscription.on_evict = evicted.set
         healthy = await subscribe(app, s.token, "acme")
         await emit_updates(app.state.capacity, pool_id, "acme", 3)
-        await asyncio.wait_for(evicted.wait(), 10)
+        await asyncio.wait_for(evicted.wait(), 60)  # a bound on a hang, not the speed
         await wait_until(stuck.task.done)
         assert stuck.task.cancelled() and len(stuck.events) == 1
         await settle(app, healthy)
@@ -216,7 +217,8 @@ async def test_a_cursor_older_than_the_retention_window_is_expired(
             async with capacity.db.reader.connect() as conn:
                 return (await outbox_bounds(conn)).oldest
 
-        for _ in range(100):  # the pruner runs every second
+        deadline = time.monotonic() + 60  # the pruner runs every second; a busy machine lags
+        while time.monotonic() < deadline:
             if await oldest() == newest:  # the newest event is always kept
                 break
             await asyncio.sleep(0.1)

@@ -11,8 +11,9 @@ from openapi_spec_validator import validate as validate_openapi
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from tests.rest.scene import Scene, quotas
 from tests.rest.test_errors import CASES, MISSING, VALID
-from tests.support import Api
+from tests.support import Api, Fleet
 
 TENANT = ("string", True, {"maxLength": 128, "pattern": r"^[A-Za-z0-9._:-]{1,128}$"})
 POOL = ("string", True, {"maxLength": 57, "pattern": r"^pool_[0-9a-hjkmnp-tv-z]{26,52}$"})
@@ -83,14 +84,6 @@ def _value_schema(prop: dict[str, Any]) -> dict[str, Any]:
     return branches[0]
 
 
-def _has_integral_float(value: object) -> bool:
-    if isinstance(value, float):
-        return value.is_integer()
-    if isinstance(value, dict):
-        return any(_has_integral_float(v) for v in value.values())
-    return False
-
-
 @pytest.fixture
 async def catalog(api: Api) -> list[dict[str, Any]]:
     response = await api.client.get("/api/compute/catalog")
@@ -152,8 +145,6 @@ async def test_catalog_schemas_refuse_what_the_server_refuses(
         for field, value, _ in cases:
             if isinstance(value, str) and value.endswith("\n"):
                 continue  # Python's re (jsonschema's engine) lets `$` match before a newline
-            if _has_integral_float(value):
-                continue  # JSON Schema counts 2.0 as an integer; the server is stricter
             body = dict(VALID[name])
             if value is MISSING:
                 body.pop(field)
@@ -185,3 +176,103 @@ async def test_openapi_is_a_valid_3_1_document_with_a_path_per_rest_route(
         ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert schemas[ref.rsplit("/", 1)[1]] == method["input"], method["name"]
         assert operation["security"] == [{"bearer": []}]
+
+
+async def test_an_integral_number_is_the_integer_the_schema_says(api: Api, fleet: Fleet) -> None:
+    """JSON Schema's `integer` includes 2.0 (ADR 0001), so the server takes it as 2; 2.5 and
+    "2" stay refused. Every integer field of the inputs: quota maps, resources, priority."""
+    s = await Scene.start(api, fleet)
+    await s.guest("beta")
+    pool = await s.pool(ownerQuota={"gpu": 8.0})
+    await fleet.node(pool["id"], 8)
+    assert quotas(pool) == {"gpu": (8, 0)}
+    offered = await s.offer(pool["id"], "beta", {"gpu": 2.0}, priority=5.0)
+    assert quotas(offered) == {"gpu": (2, 0)}
+    priority = {o["tenantId"]: o["priority"] for o in (await s.get(pool["id"]))["offers"]}
+    assert priority["beta"] == 5 and isinstance(priority["beta"], int)
+    booked = await api.ok(
+        s.token,
+        "reservations/create",
+        {"tenantId": "acme", "poolId": pool["id"], "resources": {"gpu": 3.0}},
+    )
+    assert booked["reservation"]["resources"] == {"gpu": 3}
+    for bad in (2.5, "2", True):
+        body = s.body(pool["id"], toTenantId="beta", quota={"gpu": bad})
+        status, error = await api.fails(s.token, "pools/offer", body)
+        assert (status, error["details"]["field"]) == (400, "quota.gpu"), bad
+
+
+async def test_cross_field_rules_are_in_the_schema_and_the_server_agrees(
+    api: Api, fleet: Fleet
+) -> None:
+    """The seed's rules across fields (a provider pool needs providerAccountId and agent
+    'none', other classes refuse providerAccountId; update needs policy or gpuModel) are in
+    the published input schema: a schema-driven client refuses exactly what the server
+    refuses."""
+    s = await Scene.start(api, fleet)
+    account = await fleet.account("acme")
+    pool_id = (await s.pool())["id"]
+    documents = (await api.client.get("/api/openapi.json")).json()["components"]["schemas"]
+    create = jsonschema.Draft202012Validator(documents["CreatePoolInput"])
+    update = jsonschema.Draft202012Validator(documents["UpdatePoolInput"])
+    base = {"tenantId": "acme", "siteId": s.site}
+    creates: list[tuple[dict[str, Any], bool]] = [
+        ({"class": "provider"}, False),
+        ({"class": "provider", "providerAccountId": None}, False),
+        ({"class": "provider", "providerAccountId": account, "agent": "bcd"}, False),
+        ({"class": "provider", "providerAccountId": account}, True),
+        ({"class": "provider", "providerAccountId": account, "agent": "none"}, True),
+        ({"class": "provider", "providerAccountId": account, "agent": None}, True),
+        ({"class": "metal-host", "providerAccountId": account}, False),
+        ({"class": "vps-host", "providerAccountId": None}, True),
+        ({"class": "metal-host", "agent": "none"}, True),
+    ]
+    for fields, valid in creates:
+        body = base | fields
+        assert create.is_valid(body) is valid, body
+        response = await api.post(s.token, "pools/create", body)
+        assert response.status_code == (200 if valid else 400), (body, response.text)
+    updates: list[tuple[dict[str, Any], bool]] = [
+        ({}, False),
+        ({"policy": None, "gpuModel": None}, False),
+        ({"gpuModel": "H100"}, True),
+        ({"policy": {}}, True),
+        ({"policy": {}, "gpuModel": None}, True),
+        ({"policy": None, "gpuModel": "L4"}, True),
+    ]
+    for fields, valid in updates:
+        body = {"tenantId": "acme", "poolId": pool_id} | fields
+        assert update.is_valid(body) is valid, body
+        response = await api.post(s.token, "pools/update", body)
+        assert response.status_code == (200 if valid else 400), (body, response.text)
+
+
+async def test_openapi_links_lead_from_a_pool_or_a_booking_to_the_calls_that_take_it(
+    api: Api,
+) -> None:
+    """Stateful clients follow `links`: each names a served operation and fills only fields
+    of that operation's input, from the answer (`$response.body`) or the call
+    (`$request.body`)."""
+    document = (await api.client.get("/api/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    operations = {
+        op["operationId"]: op for path in document["paths"].values() for op in path.values()
+    }
+    linked = set()
+    for source, operation in operations.items():
+        for link in operation["responses"]["200"].get("links", {}).values():
+            target = operations[link["operationId"]]
+            ref = target["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            fields = schemas[ref.rsplit("/", 1)[1]]["properties"]
+            assert set(link["requestBody"]) <= set(fields), (source, link)
+            assert all(
+                v.startswith(("$response.body#/", "$request.body#/"))
+                for v in link["requestBody"].values()
+            )
+            linked.add((source, link["operationId"]))
+    assert {
+        ("pools.create", "pools.get"),
+        ("pools.create", "pools.archive"),
+        ("pools.offer", "reservations.create"),
+        ("reservations.create", "reservations.release"),
+    } <= linked

@@ -14,13 +14,23 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from app.db.engine import Database
 from tests.rest.scene import Scene, authz_tenants, events, offer_tenants, quota_rows, quotas
 from tests.support import Api, Fleet
 
-# (calls, limit): SQLite runs one writer at a time, so a smaller race shows as much there.
-SIZES = {"postgresql": (200, 50), "sqlite": (60, 15)}
+# (calls, limit) by dialect and size: SQLite runs one writer at a time, so a smaller race
+# shows as much there. The full size runs in the `soak` set.
+SIZES = {
+    ("postgresql", "full"): (200, 50),
+    ("sqlite", "full"): (60, 15),
+    ("postgresql", "default"): (60, 15),
+    ("sqlite", "default"): (30, 8),
+}
+# Rounds of racing offers, unoffers and bookings.
+ROUNDS = {"full": 6, "default": 3}
+BY_SIZE = pytest.mark.parametrize("size", ["default", pytest.param("full", marks=pytest.mark.soak)])
 
 
 async def _book_one_each(s: Scene, pool_id: str, calls: int) -> list[httpx.Response]:
@@ -42,10 +52,11 @@ async def _active_gpus(s: Scene, pool_id: str) -> int:
     return sum(r["resources"]["gpu"] for r in listed["reservations"] if r["state"] == "active")
 
 
+@BY_SIZE
 async def test_concurrent_bookings_never_pass_the_quota(
-    api: Api, fleet: Fleet, dialect: str
+    api: Api, fleet: Fleet, dialect: str, size: str
 ) -> None:
-    calls, limit = SIZES[dialect]
+    calls, limit = SIZES[dialect, size]
     s = await Scene.start(api, fleet)
     pool = await s.pool(ownerQuota={"gpu": limit})
     await fleet.node(pool["id"], 1000)
@@ -60,10 +71,11 @@ async def test_concurrent_bookings_never_pass_the_quota(
     assert (await s.capacity(pool["id"]))["gpu"]["booked"] == limit
 
 
+@BY_SIZE
 async def test_concurrent_bookings_never_pass_capacity(
-    api: Api, fleet: Fleet, dialect: str
+    api: Api, fleet: Fleet, dialect: str, size: str
 ) -> None:
-    calls, limit = SIZES[dialect]
+    calls, limit = SIZES[dialect, size]
     s = await Scene.start(api, fleet)
     pool = await s.pool()  # the default owner quota: 2,147,483,647 GPUs
     await fleet.node(pool["id"], limit)
@@ -102,8 +114,9 @@ async def test_concurrent_creates_with_one_idempotency_key_make_one_pool(
     assert [e.type for e in await events(db)] == ["pool.created"]
 
 
+@BY_SIZE
 async def test_concurrent_offers_unoffers_and_archive_keep_offers_and_authz_rows_together(
-    api: Api, fleet: Fleet, db: Database
+    api: Api, fleet: Fleet, db: Database, size: str
 ) -> None:
     """Every offer has its authz row and every authz row its offer, whatever the interleaving;
     an unoffered tenant's rows are dropped to use, and bookings racing both stay counted."""
@@ -159,7 +172,7 @@ async def test_concurrent_offers_unoffers_and_archive_keep_offers_and_authz_rows
         assert offered == await authz_tenants(db, pool_id)
         await asyncio.gather(*(check_guest(g, offered) for g in guests))
 
-    for _ in range(6):
+    for _ in range(ROUNDS[size]):
         calls = [c for g in guests for c in (offer(g), unoffer(g), book(g))]
         rng.shuffle(calls)
         made.update(await asyncio.gather(*calls))

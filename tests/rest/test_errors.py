@@ -89,7 +89,6 @@ QUOTA_MAP = [
     ({"gpu": 2**63}, "{f}.gpu"),
     ({"gpu": True}, "{f}.gpu"),
     ({"gpu": 1.5}, "{f}.gpu"),
-    ({"gpu": 2.0}, "{f}.gpu"),
     ({"gpu": "1"}, "{f}.gpu"),
     ({"gpu": None}, "{f}.gpu"),
     ([["gpu", 1]], "{f}"),
@@ -114,7 +113,6 @@ CASES: dict[str, list[tuple[str, Any, str]]] = {
         ("priority", 1001, "priority"),
         ("priority", -1001, "priority"),
         ("priority", True, "priority"),
-        ("priority", 1.0, "priority"),
         ("priority", "5", "priority"),
     ],
     "create": TENANT_ID
