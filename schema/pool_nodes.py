@@ -30,7 +30,10 @@ async def build_pools(
     capacity_denials = {
         v.id: capacity_denied(principal, v) for v in views if "capacity" in selected
     }
-    offer_denials = {v.id: offers_denied(principal, v) for v in views if "offers" in selected}
+    # Only an owned pool has offers to show; any other answers null with no error.
+    offer_denials = {
+        v.id: offers_denied(principal, v) for v in views if "offers" in selected and v.owned
+    }
     want_quotas = "quotas" in selected and quotas is None
     cap_ids = [pool_id for pool_id, denied in capacity_denials.items() if denied is None]
     offer_ids = [pool_id for pool_id, denied in offer_denials.items() if denied is None]
@@ -51,7 +54,7 @@ async def build_pools(
         return capacity_denials[view.id] or capacity_map[view.id]
 
     def offers_of(view: PoolView) -> Sequence[OfferView] | Denied | None:
-        if "offers" not in selected:
+        if "offers" not in selected or not view.owned:
             return None
         return offer_denials[view.id] or offer_map[view.id]
 

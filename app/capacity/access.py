@@ -109,10 +109,10 @@ def sees_capacity(principal: Principal, pool: PoolView) -> bool:
 
 
 def offers_denied(principal: Principal, pool: PoolView) -> PermissionDenied | None:
-    """Why a visible pool's offers are withheld from this caller, or None if they are not."""
-    if not pool.owned:
-        return PermissionDenied("offers are shown to the pool's owner only", field="offers")
-    if not sees_offers(principal, pool):
+    """Why an owned pool's offers are withheld from this caller, or None if they are not.
+    A pool the tenant does not own has no offers to show it: null with no error
+    (CONTRACT 9, as REST's `offers: null`), so callers ask this of owned pools only."""
+    if pool.owned and not sees_offers(principal, pool):
         return PermissionDenied(f"{POOLS_SHARE} is not granted on this pool", field="offers")
     return None
 

@@ -68,7 +68,9 @@ class Pool:
     offers: Sequence[OfferView] | Denied | None = strawberry.field(
         graphql_type=list[Offer] | None,
         description="Every offer of the pool, the owner's own included. Shown to the owner "
-        "with compute:pools:share only; otherwise null with a PERMISSION_DENIED error.",
+        "with compute:pools:share; null for a tenant that does not own the pool (nothing to "
+        "show), and null with a PERMISSION_DENIED error for an owner's caller without "
+        "compute:pools:share.",
     )
     view: strawberry.Private[PoolView]
     view_tenant: strawberry.Private[str]  # the acting tenant the pool was read for

@@ -229,10 +229,7 @@ async def through_rest(api: Api, method: str, token: str, body: Json) -> Json:
 async def through_graphql(api: Api, method: str, token: str, body: Json) -> Json:
     document = METHODS[method][0]
     answer = await api.graphql(token, document, to_variables(method, body))
-    # REST's `offers: null` for a non-owner is, in GraphQL, null plus that field's own error.
-    errors = [
-        e for e in answer.get("errors", []) if not (e.get("path") and e["path"][-1] == "offers")
-    ]
+    errors = answer.get("errors", [])
     if errors:
         extensions = errors[0]["extensions"]
         return {"error": (extensions["code"], extensions.get("field"))}
