@@ -285,13 +285,12 @@ class Load:
     def statuses(self, start: float, end: float) -> Counter[int]:
         return Counter(a.status for a in self.within(start, end))
 
+    def answered_since(self, since: float) -> int:
+        return sum(1 for a in self.answers if a.began >= since)
+
     async def answered(self, count: int, since: float, within_s: float) -> None:
         """Wait until `count` requests that began after `since` have been answered."""
-
-        def enough() -> bool:
-            return sum(1 for a in self.answers if a.began >= since) >= count
-
-        await wait_for(enough, within_s, f"{count} answers")
+        await wait_for(lambda: self.answered_since(since) >= count, within_s, f"{count} answers")
 
     async def first_success_after(self, since: float, within_s: float) -> float:
         """Seconds from `since` (the fault ending) to the first 200 answered after it."""
