@@ -302,11 +302,17 @@ class Load:
         return min(successes()) - since
 
 
-def report(name: str, during: Counter[int], recovery_s: float | None, **extra: object) -> str:
+def report(
+    name: str,
+    during: Counter[int],
+    recovery_s: float | None,
+    label: str = "during the fault",
+    **extra: object,
+) -> str:
     """One line for the log (`pytest -s` shows it): answers by status during the fault,
     and the time from the fault ending to the first 200."""
     statuses = ", ".join(f"{status}: {n}" for status, n in sorted(during.items()))
-    parts = [f"{name}: during the fault {{{statuses}}}"]
+    parts = [f"{name}: {label} {{{statuses}}}"]
     if recovery_s is not None:
         parts.append(f"first 200 {recovery_s:.2f} s after it ended")
     parts += [f"{key} {value}" for key, value in extra.items()]
