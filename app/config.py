@@ -51,8 +51,8 @@ class Settings:
     db_pool_size: int = 10
     db_max_overflow: int = 10
     db_connect_timeout_s: float = 5.0
-    db_acquire_timeout_s: float = 5.0
-    db_statement_timeout_s: float = 5.0  # PostgreSQL statement_timeout; SQLite busy_timeout
+    db_acquire_timeout_s: float = 10.0
+    db_statement_timeout_s: float = 10.0  # PostgreSQL statement_timeout; SQLite busy_timeout
     readiness_timeout_s: float = 2.0  # /readyz: how long the database may take to answer
 
     @classmethod
@@ -79,7 +79,7 @@ class Settings:
             db_pool_size=_int("BETTERCOMPUTE_DB_POOL_SIZE", 10),
             db_max_overflow=_int("BETTERCOMPUTE_DB_MAX_OVERFLOW", 10),
             db_connect_timeout_s=_float("BETTERCOMPUTE_DB_CONNECT_TIMEOUT_SECONDS", 5.0),
-            db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 5.0),
-            db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 5.0),
+            db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 10.0),
+            db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 10.0),
             readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
         )

@@ -32,7 +32,7 @@ ROLE = "bettercompute"
 SUPERUSER_RESERVED = 3  # PostgreSQL's default superuser_reserved_connections
 # A burst larger than the pools queues for a connection (that is the budget holding), and
 # every booking of one quota queues for that quota's row lock. How long a request may wait
-# for either is the acquire and statement bound (5 s by default; past it, 503 with
+# for either is the acquire and statement bound (10 s by default; past it, 503 with
 # Retry-After). A thousand bookings on a shared, busy 2-core machine can wait longer than
 # that; this test is about connections, not latency, so the processes may wait a minute.
 WAIT_BOUND_S = 60
