@@ -29,10 +29,12 @@ async def database_check(db: Database, timeout_s: float) -> Check:
 
     The check runs as its own task and is not waited for past the bound: cancelling it
     would wait for SQLAlchemy to close the connection (up to 2 s against a server that
-    does not answer); left alone, it ends within the engine's own bounds."""
-    check = asyncio.ensure_future(_select_one(db))
-    _checks.add(check)
-    check.add_done_callback(_finished)
+    does not answer); left alone, it ends within the engine's own bounds. While one is
+    still running, later probes wait on it instead of taking another connection."""
+    check = _running.get(db)
+    if check is None:
+        check = _running[db] = asyncio.ensure_future(_select_one(db))
+        check.add_done_callback(lambda done: _finished(db, done))
     try:
         await asyncio.wait_for(asyncio.shield(check), timeout_s)
     except Exception as exc:  # any failure means "not ready"; the kind is logged, not shown
@@ -41,7 +43,7 @@ async def database_check(db: Database, timeout_s: float) -> Check:
     return "ok"
 
 
-_checks: set[asyncio.Future[None]] = set()  # checks past their bound, still finishing
+_running: dict[Database, asyncio.Future[None]] = {}  # the check in flight per database
 
 
 async def _select_one(db: Database) -> None:
@@ -49,8 +51,9 @@ async def _select_one(db: Database) -> None:
         await connection.exec_driver_sql("SELECT 1")
 
 
-def _finished(check: asyncio.Future[None]) -> None:
-    _checks.discard(check)
+def _finished(db: Database, check: asyncio.Future[None]) -> None:
+    if _running.get(db) is check:
+        del _running[db]
     if not check.cancelled():
         check.exception()  # retrieved: a late failure is already reported as "unavailable"
 
