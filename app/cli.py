@@ -130,7 +130,7 @@ def _embedded(url: str) -> bool:
 async def _run(command: Command, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if _embedded(settings.database_url):
         await upgrade(settings.database_url)  # the embedded default needs no setup step
-    db = create_database(settings.database_url)
+    db = create_database(settings.database_url, settings)
     try:
         return await command(db, args)
     finally:

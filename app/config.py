@@ -46,6 +46,14 @@ class Settings:
     broker_probe_interval_s: float = 2.0
     event_retention_s: int = 0  # 0 keeps every event
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    # The database connection budget per process and how long anything may wait on the
+    # database (README "Connection budget"); past a bound a request answers UNAVAILABLE.
+    db_pool_size: int = 10
+    db_max_overflow: int = 10
+    db_connect_timeout_s: float = 5.0
+    db_acquire_timeout_s: float = 10.0
+    db_statement_timeout_s: float = 10.0  # PostgreSQL statement_timeout; SQLite busy_timeout
+    readiness_timeout_s: float = 2.0  # /readyz: how long the database may take to answer
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,4 +76,10 @@ class Settings:
             broker_probe_interval_s=_float("BETTERCOMPUTE_BROKER_PROBE_SECONDS", 2.0),
             event_retention_s=_int("BETTERCOMPUTE_EVENT_RETENTION_SECONDS", 0),
             allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()),
+            db_pool_size=_int("BETTERCOMPUTE_DB_POOL_SIZE", 10),
+            db_max_overflow=_int("BETTERCOMPUTE_DB_MAX_OVERFLOW", 10),
+            db_connect_timeout_s=_float("BETTERCOMPUTE_DB_CONNECT_TIMEOUT_SECONDS", 5.0),
+            db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 10.0),
+            db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 10.0),
+            readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
         )

@@ -17,6 +17,7 @@ from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
+from app.health import readyz
 from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
@@ -55,13 +56,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        db = create_database(settings.database_url)
+        db = create_database(settings.database_url, settings)
         bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
         relay = relay_for(db, settings)
         bus.add_listener(relay.wake)
         await relay.start()
         await bus.connect()
         app.state.settings = settings
+        app.state.db = db
         app.state.bus = bus
         app.state.relay = relay
         app.state.capacity = Capacity(db, bus.notify)
@@ -80,6 +82,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         routes=[
             *routes(),
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
         ],

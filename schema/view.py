@@ -23,7 +23,7 @@ from strawberry.types.unset import UnsetType
 from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
-from app.db.errors import to_domain_error
+from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
@@ -77,6 +77,20 @@ class GraphQLView(GraphQL[Context, None]):
             result.errors = [coded(e) for e in result.errors]
         return await super().process_result(request, result)
 
+    def create_response(
+        self,
+        response_data: GraphQLHTTPResponse | list[GraphQLHTTPResponse],
+        sub_response: Response,
+    ) -> Response:
+        response = super().create_response(response_data, sub_response)
+        if isinstance(response_data, dict) and _unavailable(response_data):
+            # The body keeps GraphQL's shape; the status and Retry-After tell HTTP clients
+            # and proxies, as on REST, that the operation failed for now and may be retried.
+            response.headers["retry-after"] = str(RETRY_AFTER_S)
+            if not any((response_data.get("data") or {}).values()):
+                response.status_code = 503
+        return response
+
     # --- websocket hooks (graphql-transport-ws and graphql-ws) -------------------------
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
@@ -95,6 +109,15 @@ class GraphQLView(GraphQL[Context, None]):
                 {"message": error.message, "extensions": {"code": error.code}}
             ) from None
         return await super().on_ws_connect(context)
+
+
+def _unavailable(response_data: GraphQLHTTPResponse) -> bool:
+    """An error of the operation is UNAVAILABLE (the database or broker is out of reach)."""
+    for error in response_data.get("errors") or ():
+        extensions = error.get("extensions") if isinstance(error, dict) else None
+        if isinstance(extensions, dict) and extensions.get("code") == "UNAVAILABLE":
+            return True
+    return False
 
 
 def refused(status_code: int, reason: str) -> Response:

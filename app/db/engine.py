@@ -4,6 +4,11 @@ SQLite allows one writer at a time. A deferred transaction that reads and then
 writes can fail with SQLITE_BUSY instead of waiting, so writes start with
 BEGIN IMMEDIATE on their own engine; reads stay deferred and run beside them (WAL).
 On PostgreSQL both roles share one engine.
+
+Everything that waits on the database is bounded (app/config.py, README "Connection
+budget"): opening a connection, taking one from the pool, and each statement, so a
+database that refuses, drops or stops answering turns into UNAVAILABLE in bounded time
+instead of requests that hang for as long as the outage lasts.
 """
 
 from __future__ import annotations
@@ -15,6 +20,13 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.config import Settings
+
+# asyncpg's own statement bound sits above the server's statement_timeout, so a slow
+# statement is cancelled by the server (the connection stays usable) and the client's
+# bound only fires when the server does not answer at all.
+_CLIENT_STATEMENT_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,7 +45,7 @@ class Database:
             await self.reader.dispose()
 
 
-def _configure_sqlite(engine: AsyncEngine, begin: str) -> None:
+def _configure_sqlite(engine: AsyncEngine, begin: str, busy_timeout_ms: int) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's BEGIN below, not the driver, open transactions.
@@ -42,7 +54,7 @@ def _configure_sqlite(engine: AsyncEngine, begin: str) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
@@ -50,24 +62,46 @@ def _configure_sqlite(engine: AsyncEngine, begin: str) -> None:
         connection.exec_driver_sql(begin)
 
 
-def create_database(url: str, *, pool_size: int = 10) -> Database:
+def create_database(url: str, settings: Settings | None = None) -> Database:
+    """The engines for `url`, sized and bounded by `settings` (its db_* fields)."""
+    s = settings or Settings()
     # hide_parameters: bound values (a pool policy's join token among them) never reach a
     # log line or an exception's message, even with SQL logging on.
     if make_url(url).get_backend_name() == "sqlite":
         # aiosqlite logs every statement with its bound values at DEBUG; keep that off.
         logging.getLogger("aiosqlite").setLevel(logging.INFO)
+        # One writer at a time: writes queue for the writer's one connection.
         writer = create_async_engine(
-            url, pool_size=1, max_overflow=0, pool_timeout=60, hide_parameters=True
+            url,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=s.db_acquire_timeout_s,
+            hide_parameters=True,
         )
-        reader = create_async_engine(url, pool_size=4, max_overflow=4, hide_parameters=True)
-        _configure_sqlite(writer, "BEGIN IMMEDIATE")
-        _configure_sqlite(reader, "BEGIN")
+        reader = create_async_engine(
+            url,
+            pool_size=4,
+            max_overflow=4,
+            pool_timeout=s.db_acquire_timeout_s,
+            hide_parameters=True,
+        )
+        busy_timeout_ms = max(1, round(s.db_statement_timeout_s * 1000))
+        _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout_ms)
+        _configure_sqlite(reader, "BEGIN", busy_timeout_ms)
         return Database(url, writer, reader)
     engine = create_async_engine(
         url,
-        pool_size=pool_size,
-        max_overflow=pool_size * 2,
+        pool_size=s.db_pool_size,
+        max_overflow=s.db_max_overflow,
+        pool_timeout=s.db_acquire_timeout_s,
         pool_pre_ping=True,
         hide_parameters=True,
+        connect_args={
+            "timeout": s.db_connect_timeout_s,
+            "command_timeout": s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
+            "server_settings": {
+                "statement_timeout": str(max(1, round(s.db_statement_timeout_s * 1000)))
+            },
+        },
     )
     return Database(url, engine, engine)

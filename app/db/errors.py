@@ -4,6 +4,7 @@ UNAVAILABLE (safe to retry); anything else unexpected is INTERNAL, revealing not
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -12,14 +13,51 @@ from app.capacity.errors import DomainError, Internal, Unavailable
 
 log = logging.getLogger("app.errors")
 
+# Seconds a client is asked to wait before retrying an UNAVAILABLE answer (Retry-After).
+RETRY_AFTER_S: Final = 2
+
+# OSError covers refused and reset connections, and TimeoutError: a connect or statement
+# bound (asyncpg's `timeout`, `command_timeout`) that ran out.
 _UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, ConnectionError, OSError)
 # SQLite reports its own bugs (no such table, syntax) as OperationalError too; only these
 # mean the file is out of reach for now.
 _SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly")
 
+# PostgreSQL refusing or dropping connections, by SQLSTATE: asyncpg raises these as
+# plain PostgresError subclasses, which SQLAlchemy wraps in a bare DBAPIError.
+# 08 connection exception; 53 insufficient resources (53300 too many connections);
+# 57P operator intervention (57P01 admin shutdown, 57P03 starting up or shutting down);
+# 57014 a statement cancelled by statement_timeout; 55000 "database is not currently
+# accepting connections" (ALLOW_CONNECTIONS false).
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57P")
+_UNAVAILABLE_SQLSTATES = frozenset({"55000", "57014"})
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a PostgreSQL error, wherever in the chain it is: SQLAlchemy's
+    `.orig` (asyncpg's adapted error, which copies it) or the asyncpg error as `__cause__`."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlstate", None)
+        if isinstance(code, str) and code:
+            return code
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return None
+
+
+def _connection_sqlstate(code: str | None) -> bool:
+    return code is not None and (
+        code in _UNAVAILABLE_SQLSTATES or code.startswith(_UNAVAILABLE_SQLSTATE_CLASSES)
+    )
+
 
 def _unavailable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if _connection_sqlstate(sqlstate(exc)):
         return True
     if not isinstance(exc, _UNAVAILABLE):
         return False
@@ -33,7 +71,9 @@ def to_domain_error(exc: BaseException) -> DomainError:
     if isinstance(exc, DomainError):
         return exc
     if _unavailable(exc):
-        log.warning("backing service unavailable: %s", type(exc).__name__)
+        log.warning(
+            "backing service unavailable: %s (sqlstate %s)", type(exc).__name__, sqlstate(exc)
+        )
         return Unavailable("the service is temporarily unavailable; retry")
     log.error("unhandled error", exc_info=exc)
     return Internal("internal error")

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.capacity.errors import DomainError, InvalidInput, NotFound
-from app.db.errors import to_domain_error
+from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.rest.responses import JSONResponse
 
 
@@ -17,7 +17,11 @@ def error_body(error: DomainError) -> dict[str, object]:
 
 def error_response(exc: BaseException) -> Response:
     error = to_domain_error(exc)
-    headers = {"www-authenticate": "Bearer"} if error.code == "UNAUTHENTICATED" else None
+    headers: dict[str, str] | None = None
+    if error.code == "UNAUTHENTICATED":
+        headers = {"www-authenticate": "Bearer"}
+    elif error.code == "UNAVAILABLE":
+        headers = {"retry-after": str(RETRY_AFTER_S)}
     return JSONResponse(error_body(error), status_code=error.http_status, headers=headers)
 
 

@@ -1,0 +1,76 @@
+"""Readiness: can this process serve requests now? `/readyz` checks what a request needs
+(the database answers a trivial query within a short bound, the event broker is
+connected) and says which check failed, nothing more. Liveness stays `/healthz`, which
+checks nothing outside the process, so an orchestrator restarts a process only when it
+is itself stuck, and only routes traffic away while a dependency is down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.db.engine import Database
+from app.db.errors import RETRY_AFTER_S
+from app.events.bus import EventBus
+from app.rest.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+Check = Literal["ok", "unavailable"]
+
+
+async def database_check(db: Database, timeout_s: float) -> Check:
+    """The reader answers `SELECT 1` within `timeout_s` (pool wait included). It uses the
+    pool, so readiness costs no connection beyond the process's budget.
+
+    The check runs as its own task and is not waited for past the bound: cancelling it
+    would wait for SQLAlchemy to close the connection (up to 2 s against a server that
+    does not answer); left alone, it ends within the engine's own bounds. While one is
+    still running, later probes wait on it instead of taking another connection."""
+    check = _running.get(db)
+    if check is None:
+        check = _running[db] = asyncio.ensure_future(_select_one(db))
+        check.add_done_callback(lambda done: _finished(db, done))
+    try:
+        await asyncio.wait_for(asyncio.shield(check), timeout_s)
+    except Exception as exc:  # any failure means "not ready"; the kind is logged, not shown
+        log.warning("readiness: database check failed: %s", type(exc).__name__)
+        return "unavailable"
+    return "ok"
+
+
+_running: dict[Database, asyncio.Future[None]] = {}  # the check in flight per database
+
+
+async def _select_one(db: Database) -> None:
+    async with db.reader.connect() as connection:
+        await connection.exec_driver_sql("SELECT 1")
+
+
+def _finished(db: Database, check: asyncio.Future[None]) -> None:
+    if _running.get(db) is check:
+        del _running[db]
+    if not check.cancelled():
+        check.exception()  # retrieved: a late failure is already reported as "unavailable"
+
+
+def broker_check(bus: EventBus) -> Check:
+    return "ok" if bus.connected else "unavailable"
+
+
+async def readyz(request: Request) -> Response:
+    state = request.app.state
+    checks: dict[str, Check] = {
+        "database": await database_check(state.db, state.settings.readiness_timeout_s),
+        "broker": broker_check(state.bus),
+    }
+    ready = all(check == "ok" for check in checks.values())
+    return JSONResponse(
+        {"ready": ready, "checks": checks},
+        status_code=200 if ready else 503,
+        headers=None if ready else {"retry-after": str(RETRY_AFTER_S)},
+    )

@@ -1,0 +1,200 @@
+"""Benchmark: what clients see during database outages, and how fast the service recovers.
+
+    .venv/bin/python -m bench.db_faults [--seconds 10] [--clients 8]
+
+Runs one real `bettercompute serve` process (its settings from the environment, so
+BETTERCOMPUTE_DB_* bounds apply) on a private PostgreSQL server of its own, reached
+through a TCP proxy, as a non-superuser role. Clients call REST (`pools/list`) and
+GraphQL (`pools`) in a loop, half each. Each fault is held `--seconds`:
+
+1. 55000: the database set `ALLOW_CONNECTIONS false`, its sessions ended;
+2. 53300: the service's role set `CONNECTION LIMIT 0`, its sessions ended;
+3. a database that stops answering: the proxy forwards nothing (connections hang);
+4. 57P03: a smart shutdown waiting on one session, the service's sessions ended; then
+   the server stops and starts again.
+
+For each: answers by HTTP status received during the fault, the slowest
+request that was waiting at some point of it, and the time from the fault ending to
+the first 200. `/readyz` and `/healthz` are sampled during each fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+
+from app.db.engine import create_database
+from app.db.migrate import upgrade
+from tests.db.faults import Load, PrivatePostgres, StallingProxy, private_postgres
+from tests.db.faults import terminate_backends as ending
+from tests.events.processes import bettercompute_serve
+from tests.support import Fleet
+
+ROLE = "bettercompute"
+LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
+Step = Callable[[], Awaitable[None]]
+
+
+async def _seed(server: PrivatePostgres) -> str:
+    db = create_database(server.url("bc"))
+    try:
+        fleet = Fleet(db)
+        await fleet.tenant("acme")
+        return await fleet.caller("acme", "viewer")
+    finally:
+        await db.dispose()
+
+
+async def _ready(client: httpx.AsyncClient, within_s: float = 120) -> None:
+    """Until /readyz stops answering 503 (a service without /readyz answers 404)."""
+    deadline = time.monotonic() + within_s
+    while (await client.get("/readyz")).status_code == 503:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the service did not become ready")
+        await asyncio.sleep(0.1)
+
+
+async def _outage(
+    name: str,
+    seconds: float,
+    loads: tuple[Load, Load],
+    client: httpx.AsyncClient,
+    fault: Step,
+    heal: Step,
+) -> None:
+    await fault()
+    faulted = time.monotonic()
+    await asyncio.sleep(seconds / 2)
+    ready = (await client.get("/readyz")).status_code
+    live = (await client.get("/healthz")).status_code
+    await asyncio.sleep(max(0.0, faulted + seconds - time.monotonic()))
+    ending_at = time.monotonic()
+    await heal()
+    healed = time.monotonic()
+    recovery = max([await load.first_success_after(healed, 120) for load in loads])
+    during = Counter(
+        a.status for load in loads for a in load.answers if faulted <= a.ended < healed
+    )
+    waiting = [
+        a.ended - a.began
+        for load in loads
+        for a in load.answers
+        if a.began < healed and a.ended >= faulted
+    ]
+    statuses = ", ".join(f"{s}: {n}" for s, n in sorted(during.items()))
+    print(
+        f"{name:<32} held {ending_at - faulted:5.1f} s (+{healed - ending_at:.1f} s to heal)"
+        f"  during: {{{statuses}}}  slowest {max(waiting, default=0):5.2f} s"
+        f"  first 200 after {recovery:.2f} s  /readyz {ready}  /healthz {live}",
+        flush=True,
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    async with private_postgres() as server:
+        await server.execute(f"CREATE ROLE {ROLE} LOGIN")
+        await server.execute(f"CREATE DATABASE bc OWNER {ROLE}")
+        await upgrade(server.url("bc", user=ROLE))
+        token = await _seed(server)
+        proxy = StallingProxy("127.0.0.1", server.port)
+        await proxy.start()
+        url = f"postgresql+asyncpg://{ROLE}@127.0.0.1:{proxy.port}/bc"
+        try:
+            async with (
+                bettercompute_serve(BETTERCOMPUTE_DATABASE_URL=url) as served,
+                httpx.AsyncClient(base_url=f"http://{served.address}", timeout=300) as client,
+            ):
+                await _measure(args, server, proxy, client, token)
+        finally:
+            await proxy.close()
+
+
+async def _measure(
+    args: argparse.Namespace,
+    server: PrivatePostgres,
+    proxy: StallingProxy,
+    client: httpx.AsyncClient,
+    token: str,
+) -> None:
+    headers = {"authorization": f"Bearer {token}"}
+
+    def rest() -> Awaitable[httpx.Response]:
+        body = {"tenantId": "acme"}
+        return client.post("/api/compute/pools/list", json=body, headers=headers)
+
+    def graphql() -> Awaitable[httpx.Response]:
+        return client.post("/graphql", json={"query": LIST_POOLS}, headers=headers)
+
+    half = max(1, args.clients // 2)
+    held: list[Any] = []
+
+    async def superuser(*statements: str) -> None:
+        connection = await asyncpg.connect(server.dsn(), timeout=10)
+        try:
+            for statement in statements:
+                await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    async def smart_shutdown() -> None:
+        held.append(await asyncpg.connect(server.dsn(), timeout=10))
+        await server.stop("smart", wait=False)
+        await held[0].execute(ending("datname = 'bc'"))
+
+    async def restart() -> None:
+        await held.pop().close()
+        await server.wait_stopped()
+        await server.start()
+
+    async def stall() -> None:
+        proxy.stall()
+
+    async def resume() -> None:
+        proxy.resume()
+
+    faults: list[tuple[str, Step, Step]] = [
+        (
+            "55000 not accepting connections",
+            lambda: superuser(
+                "ALTER DATABASE bc ALLOW_CONNECTIONS false", ending("datname = 'bc'")
+            ),
+            lambda: superuser("ALTER DATABASE bc ALLOW_CONNECTIONS true"),
+        ),
+        (
+            "53300 too many connections",
+            lambda: superuser(
+                f"ALTER ROLE {ROLE} CONNECTION LIMIT 0", ending(f"usename = '{ROLE}'")
+            ),
+            lambda: superuser(f"ALTER ROLE {ROLE} CONNECTION LIMIT -1"),
+        ),
+        ("database stops answering", stall, resume),
+        ("57P03 shutdown, down, restart", smart_shutdown, restart),
+    ]
+    async with Load(rest, clients=half) as rest_load, Load(graphql, clients=half) as gql_load:
+        for name, fault, heal in faults:
+            if args.only and args.only not in name:
+                continue
+            since = time.monotonic()
+            await rest_load.first_success_after(since, 120)
+            await gql_load.first_success_after(since, 120)
+            await _ready(client)
+            await _outage(name, args.seconds, (rest_load, gql_load), client, fault, heal)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long each fault lasts")
+    parser.add_argument("--clients", type=int, default=8, help="clients calling in a loop")
+    parser.add_argument("--only", default="", help="run the faults whose name contains this")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

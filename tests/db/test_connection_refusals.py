@@ -1,0 +1,178 @@
+"""PostgreSQL refusing connections answers 503 UNAVAILABLE with Retry-After on REST and
+GraphQL, never 500, and the service answers 200 again as soon as the database does.
+
+Each fault is a real one, made by the test on a database or role of its own: a database
+that does not accept connections (55000), a role over its connection limit (53300), a
+server shutting down (57P03, on a private server). Clients call REST and GraphQL in a
+loop throughout; the test prints their answers by status during the fault and the time
+from the fault ending to the first 200.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from app.config import Settings
+from app.db.engine import Database, create_database
+from app.db.migrate import upgrade
+from tests.db.faults import Load, admin, private_postgres, report, terminate_backends
+from tests.events.conftest import running
+from tests.support import Api, Fleet
+
+POSTGRESQL = pytest.mark.parametrize("dialect", ["postgresql"])  # PostgreSQL's SQLSTATEs
+LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
+ANSWERS_DURING_FAULT = 20  # per surface
+
+
+def _calls(api: Api, token: str) -> tuple[Callable[[], Awaitable[httpx.Response]], ...]:
+    headers = {"authorization": f"Bearer {token}"}
+
+    def rest() -> Awaitable[httpx.Response]:
+        return api.client.post(
+            "/api/compute/pools/list", json={"tenantId": "acme"}, headers=headers
+        )
+
+    def graphql() -> Awaitable[httpx.Response]:
+        return api.client.post("/graphql", json={"query": LIST_POOLS}, headers=headers)
+
+    return rest, graphql
+
+
+def _assert_unavailable(rest: httpx.Response, graphql: httpx.Response) -> None:
+    assert rest.status_code == 503, rest.text
+    assert rest.json()["error"]["code"] == "UNAVAILABLE"
+    assert int(rest.headers["retry-after"]) > 0
+    assert graphql.status_code == 503, graphql.text
+    body: dict[str, Any] = graphql.json()
+    assert body["data"] is None
+    assert [e["extensions"]["code"] for e in body["errors"]] == ["UNAVAILABLE"]
+    assert int(graphql.headers["retry-after"]) > 0
+
+
+async def _outage(
+    name: str,
+    api: Api,
+    token: str,
+    fault: Callable[[], Awaitable[None]],
+    heal: Callable[[], Awaitable[None]],
+) -> None:
+    """Load on both surfaces; the fault; answers by status until it heals; recovery."""
+    rest_call, graphql_call = _calls(api, token)
+    async with Load(rest_call, clients=3) as rest, Load(graphql_call, clients=3) as graphql:
+        await rest.first_success_after(0.0, 30)
+        await graphql.first_success_after(0.0, 30)
+
+        await fault()
+        faulted = time.monotonic()
+        await rest.answered(ANSWERS_DURING_FAULT, faulted, 60)
+        await graphql.answered(ANSWERS_DURING_FAULT, faulted, 60)
+        samples = (await rest_call(), await graphql_call())
+
+        await heal()
+        healed = time.monotonic()
+        recovery = max(
+            await rest.first_success_after(healed, 30),
+            await graphql.first_success_after(healed, 30),
+        )
+    during = rest.statuses(faulted, healed) + graphql.statuses(faulted, healed)
+    report(name, during, recovery)
+    assert set(during) == {503}, during
+    _assert_unavailable(*samples)
+
+
+@POSTGRESQL
+async def test_a_database_not_accepting_connections_is_503(database_url: str, db: Database) -> None:
+    """55000: `ALTER DATABASE … ALLOW_CONNECTIONS false`, its sessions ended."""
+    fleet = Fleet(db)
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "viewer")
+    await db.dispose()
+    name = make_url(database_url).database
+
+    async def fault() -> None:
+        await admin(
+            f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+            terminate_backends(f"datname = '{name}'"),
+        )
+
+    async def heal() -> None:
+        await admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    try:
+        async with running(Settings(database_url=database_url)) as (_, api):
+            await _outage("55000 database not accepting connections", api, token, fault, heal)
+    finally:
+        await heal()
+
+
+@POSTGRESQL
+async def test_a_role_over_its_connection_limit_is_503(database_url: str, db: Database) -> None:
+    """53300: the service's role gets `CONNECTION LIMIT 0`, its sessions ended."""
+    fleet = Fleet(db)
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "viewer")
+    await db.dispose()
+    database = make_url(database_url).database
+    role = f"bc_app_{secrets.token_hex(6)}"
+    await admin(f'CREATE ROLE "{role}" LOGIN')
+    await admin(
+        f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"',
+        f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"',
+        database=database,
+    )
+    as_role = make_url(database_url).set(username=role).render_as_string(hide_password=False)
+
+    async def fault() -> None:
+        await admin(
+            f'ALTER ROLE "{role}" CONNECTION LIMIT 0', terminate_backends(f"usename = '{role}'")
+        )
+
+    async def heal() -> None:
+        await admin(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+
+    try:
+        async with running(Settings(database_url=as_role)) as (_, api):
+            await _outage("53300 too many connections for the role", api, token, fault, heal)
+    finally:
+        await admin(terminate_backends(f"usename = '{role}'"))
+        await admin(f'DROP OWNED BY "{role}"', database=database)
+        await admin(f'DROP ROLE "{role}"')
+
+
+async def test_a_server_shutting_down_and_restarting_is_503() -> None:
+    """57P03 while a smart shutdown waits for the last session, then connections refused
+    while the server is down, then its restart."""
+    async with private_postgres() as server:
+        await server.execute("CREATE DATABASE bc")
+        url = server.url("bc")
+        await upgrade(url)
+        seeding = create_database(url)
+        fleet = Fleet(seeding)
+        await fleet.tenant("acme")
+        token = await fleet.caller("acme", "viewer")
+        await seeding.dispose()
+        held = await asyncpg.connect(server.dsn(), timeout=10)  # keeps the shutdown waiting
+
+        async def fault() -> None:
+            await server.stop("smart", wait=False)
+            await held.execute(terminate_backends("datname = 'bc'"))
+
+        async def heal() -> None:
+            await held.close()
+            await server.wait_stopped()
+            await server.start()
+
+        try:
+            async with running(Settings(database_url=url)) as (_, api):
+                await _outage("57P03 shutting down, down, restarted", api, token, fault, heal)
+        finally:
+            if not held.is_closed():
+                await held.close()
