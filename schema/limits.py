@@ -12,8 +12,9 @@ Cost: each selected field costs 1, times the size of the lists above it. A field
 any other list multiplies by its bound from app/capacity/bounds.py (LIST_BOUNDS), except
 a connection's own `edges` and `nodes`, already counted by its `first`. Root `quotas`
 without `poolId` has no bound (every visible pool): it counts as a full page of pools,
-UNPAGED_QUOTAS rows, and may be asked once per operation (docs/graphql.md). Introspection fields are free. The estimate is
-computed with the request's variables, so `first: $n` counts as sent.
+UNPAGED_QUOTAS rows, and may be asked once per operation (docs/graphql.md).
+Introspection fields are free. The estimate is computed with the request's variables,
+so `first: $n` counts as sent.
 """
 
 from __future__ import annotations
@@ -325,6 +326,9 @@ def query_limits(
 
         def on_validate(self) -> Iterator[None]:
             context = self.execution_context
+            if context.pre_execution_errors:  # refused already (schema/operations.py)
+                yield
+                return
             document = context.graphql_document
             assert document is not None
             schema = context.schema._schema

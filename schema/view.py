@@ -3,27 +3,31 @@ errors (with `extensions.code`) for requests it refuses before any GraphQL runs.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
 import orjson
-from cross_web import HTTPException
+from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
-from strawberry.http import GraphQLHTTPResponse
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema import BaseSchema
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UnsetType
 
-from app.capacity.errors import DomainError
+from app.body_limit import BodyTooLarge
+from app.capacity.errors import DomainError, Unauthenticated
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import to_domain_error
+from app.iam.callers import authenticate
+from app.iam.principal import Principal
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
@@ -48,19 +52,48 @@ class GraphQLView(GraphQL[Context, None]):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        request = Request(scope=scope, receive=receive)
         try:
-            response = await self.run(Request(scope=scope, receive=receive))
+            if _needs_token(request):
+                # Before the body is read or parsed (docs/decisions/0001).
+                capacity: Capacity = request.app.state.capacity
+                authorization = request.headers.get("authorization")
+                request.state.principal = await authenticate(capacity.db, authorization)
+            response = await self.run(request)
         except HTTPException as exc:
             response = refused(exc.status_code, exc.reason)
+        except Unauthenticated as exc:
+            # The answer a resolver gave before: 200, data null, the code in errors.
+            response = refused_with(exc, status_code=200)
+        except Exception as exc:  # the body limit, or the database while authenticating
+            error = to_domain_error(exc)  # logs what it masks
+            response = refused_with(error, status_code=_status_of(error))
         await response(scope, receive, send)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
     ) -> Context:
         capacity: Capacity = request.app.state.capacity
-        return Context(
+        context = Context(
             request=request, response=response, capacity=capacity, settings=self.settings
         )
+        principal: Principal | None = getattr(request.state, "principal", None)
+        if principal is not None:  # authenticated in __call__: not a second lookup
+            context._principal = asyncio.ensure_future(_ready(principal))
+        return context
+
+    async def parse_http_body(
+        self, request: AsyncHTTPRequestAdapter
+    ) -> GraphQLRequestData | list[GraphQLRequestData]:
+        """strawberry reads fields of whatever JSON the body holds: `null`, `"x"` or `1`
+        failed with an AttributeError (500). Only an object (or a batch, refused later)
+        is a GraphQL request."""
+        content_type = request.content_type or ""
+        if request.method == "POST" and "application/json" in content_type:
+            body = self.decode_json(await request.get_body())  # bad JSON: 400 in run()
+            if not isinstance(body, dict | list):
+                raise HTTPException(400, "the request body must be a JSON object")
+        return await super().parse_http_body(request)
 
     def encode_json(self, data: object) -> bytes:
         return orjson.dumps(data)
@@ -95,6 +128,31 @@ class GraphQLView(GraphQL[Context, None]):
                 {"message": error.message, "extensions": {"code": error.code}}
             ) from None
         return await super().on_ws_connect(context)
+
+
+def _needs_token(request: Request) -> bool:
+    """Every GraphQL request carries a token (CONTRACT section 2), except a GET without
+    a query: GraphiQL's page, or strawberry's own refusal of an empty request."""
+    return request.method != "GET" or "query" in request.query_params
+
+
+async def _ready(principal: Principal) -> Principal:
+    return principal
+
+
+def _status_of(error: DomainError) -> int:
+    """An HTTP-level refusal keeps its status (413 for the body limit); the database
+    failing while authenticating is answered as a resolver answered it before (200)."""
+    return error.http_status if isinstance(error, BodyTooLarge) else 200
+
+
+def refused_with(error: DomainError, status_code: int) -> Response:
+    """A domain error raised before any GraphQL ran, in GraphQL's error shape."""
+    body: dict[str, Any] = {
+        "data": None,
+        "errors": [{"message": error.message, "extensions": {"code": error.code, **error.details}}],
+    }
+    return JSONResponse(body, status_code=status_code)
 
 
 def refused(status_code: int, reason: str) -> Response:
