@@ -21,8 +21,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_P
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UnsetType
 
-from app.body_limit import BodyTooLarge
-from app.capacity.errors import DomainError, Unauthenticated
+from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import to_domain_error
@@ -53,22 +52,27 @@ class GraphQLView(GraphQL[Context, None]):
             await super().__call__(scope, receive, send)
             return
         request = Request(scope=scope, receive=receive)
-        try:
-            if _needs_token(request):
-                # Before the body is read or parsed (docs/decisions/0001).
-                capacity: Capacity = request.app.state.capacity
-                authorization = request.headers.get("authorization")
-                request.state.principal = await authenticate(capacity.db, authorization)
-            response = await self.run(request)
-        except HTTPException as exc:
-            response = refused(exc.status_code, exc.reason)
-        except Unauthenticated as exc:
-            # The answer a resolver gave before: 200, data null, the code in errors.
-            response = refused_with(exc, status_code=200)
-        except Exception as exc:  # the body limit, or the database while authenticating
-            error = to_domain_error(exc)  # logs what it masks
-            response = refused_with(error, status_code=_status_of(error))
+        response = await self._authenticate(request) if _needs_token(request) else None
+        if response is None:
+            try:
+                response = await self.run(request)
+            except HTTPException as exc:
+                response = refused(exc.status_code, exc.reason)
+            except Exception as exc:  # the body limit (413), or a failure outside GraphQL
+                error = to_domain_error(exc)  # logs what it masks
+                response = refused_with(error, status_code=error.http_status)
         await response(scope, receive, send)
+
+    async def _authenticate(self, request: Request) -> Response | None:
+        """Before the body is read or parsed (docs/decisions/0001): the principal for
+        the context, or the answer a resolver gave before (200, data null, the code)."""
+        capacity: Capacity = request.app.state.capacity
+        try:
+            principal = await authenticate(capacity.db, request.headers.get("authorization"))
+        except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE when the database is down
+            return refused_with(to_domain_error(exc), status_code=200)
+        request.state.principal = principal
+        return None
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
@@ -138,12 +142,6 @@ def _needs_token(request: Request) -> bool:
 
 async def _ready(principal: Principal) -> Principal:
     return principal
-
-
-def _status_of(error: DomainError) -> int:
-    """An HTTP-level refusal keeps its status (413 for the body limit); the database
-    failing while authenticating is answered as a resolver answered it before (200)."""
-    return error.http_status if isinstance(error, BodyTooLarge) else 200
 
 
 def refused_with(error: DomainError, status_code: int) -> Response:
