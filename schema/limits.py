@@ -73,6 +73,8 @@ UNKNOWN_LIST = MAX_PAGE_SIZE
 # Fields in an operation once every fragment spread is expanded: what validation and
 # execution walk. A document within the token limit and no fragments stays far below.
 MAX_EXPANDED_FIELDS = 10_000
+# orjson encodes 64-bit integers only; the message carries the exact figure.
+_MAX_REPORTED = 2**63 - 1
 
 
 def _refusal(message: str, node: Any, limit: str, **details: Any) -> GraphQLError:
@@ -296,7 +298,8 @@ def cost_errors(
                 f"query cost {cost.total} is over the budget of {budget}; ask for fewer "
                 "items (`first`) or fewer nested lists"
             )
-            errors.append(_refusal(message, operation, "cost", cost=cost.total, budget=budget))
+            reported = min(cost.total, _MAX_REPORTED)
+            errors.append(_refusal(message, operation, "cost", cost=reported, budget=budget))
     return errors
 
 

@@ -51,6 +51,10 @@ async def test_an_over_budget_query_is_refused_before_it_runs(api: Api, token: s
     small = "query($p: Int) " + small
     assert "errors" not in await api.graphql(token, small, {"p": 10})
     assert code_of(await api.graphql(token, small, {"p": 100_000})) == "RESOURCE_EXHAUSTED"
+    # A cost past 64 bits is refused too (its figure in extensions was not encodable: 500).
+    huge = NESTED_RESERVATIONS.replace("first: 100)", "first: 99999999999999999999)")
+    extensions = (await api.graphql(token, huge))["errors"][0]["extensions"]
+    assert extensions["code"] == "RESOURCE_EXHAUSTED" and extensions["cost"] == 2**63 - 1
 
 
 async def test_depth_aliases_and_tokens_are_limited_through_fragments(
