@@ -3,7 +3,6 @@ errors (with `extensions.code`) for requests it refuses before any GraphQL runs.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -25,8 +24,6 @@ from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import to_domain_error
-from app.iam.callers import authenticate
-from app.iam.principal import Principal
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
@@ -52,39 +49,37 @@ class GraphQLView(GraphQL[Context, None]):
             await super().__call__(scope, receive, send)
             return
         request = Request(scope=scope, receive=receive)
-        response = await self._authenticate(request) if _needs_token(request) else None
-        if response is None:
+        context = self._context(request, None)
+        if _needs_token(request):
+            # Before the body is read or parsed (docs/decisions/0001); the context keeps
+            # the principal for the resolvers.
             try:
-                response = await self.run(request)
-            except HTTPException as exc:
-                response = refused(exc.status_code, exc.reason)
-            except Exception as exc:  # the body limit (413), or a failure outside GraphQL
-                error = to_domain_error(exc)  # logs what it masks
-                response = refused_with(error, status_code=error.http_status)
-        await response(scope, receive, send)
-
-    async def _authenticate(self, request: Request) -> Response | None:
-        """Before the body is read or parsed (docs/decisions/0001): the principal for
-        the context, or the answer a resolver gave before (200, data null, the code)."""
-        capacity: Capacity = request.app.state.capacity
+                await context.principal()
+            except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
+                # The answer a resolver gave before: 200, data null, the code in errors.
+                await refused_with(to_domain_error(exc), status_code=200)(scope, receive, send)
+                return
         try:
-            principal = await authenticate(capacity.db, request.headers.get("authorization"))
-        except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE when the database is down
-            return refused_with(to_domain_error(exc), status_code=200)
-        request.state.principal = principal
-        return None
+            response = await self.run(request, context=context)
+        except HTTPException as exc:
+            response = refused(exc.status_code, exc.reason)
+        except Exception as exc:  # the body limit (413), or a failure outside GraphQL
+            error = to_domain_error(exc)  # logs what it masks
+            response = refused_with(error, status_code=error.http_status)
+        await response(scope, receive, send)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
     ) -> Context:
+        return self._context(request, response)
+
+    def _context(
+        self, request: Request | WebSocket, response: Response | WebSocket | None
+    ) -> Context:
         capacity: Capacity = request.app.state.capacity
-        context = Context(
+        return Context(
             request=request, response=response, capacity=capacity, settings=self.settings
         )
-        principal: Principal | None = getattr(request.state, "principal", None)
-        if principal is not None:  # authenticated in __call__: not a second lookup
-            context._principal = asyncio.ensure_future(_ready(principal))
-        return context
 
     async def parse_http_body(
         self, request: AsyncHTTPRequestAdapter
@@ -138,10 +133,6 @@ def _needs_token(request: Request) -> bool:
     """Every GraphQL request carries a token (CONTRACT section 2), except a GET without
     a query: GraphiQL's page, or strawberry's own refusal of an empty request."""
     return request.method != "GET" or "query" in request.query_params
-
-
-async def _ready(principal: Principal) -> Principal:
-    return principal
 
 
 def refused_with(error: DomainError, status_code: int) -> Response:
