@@ -35,7 +35,11 @@ class Settings:
     max_query_depth: int = 12
     max_aliases: int = 30
     max_tokens: int = 2000
-    max_query_cost: int = 50_000
+    # One page of 100 pools with every field, offers and quota rows at their bounds
+    # (docs/graphql.md).
+    max_query_cost: int = 600_000
+    # Request bodies (REST and GraphQL): 413 past this many bytes.
+    max_body_bytes: int = 1_048_576
     # Subscriptions (docs/events.md).
     max_subscriptions_per_connection: int = 20
     connection_init_timeout_s: float = 10.0
@@ -66,7 +70,8 @@ class Settings:
             max_query_depth=_int("BETTERCOMPUTE_MAX_QUERY_DEPTH", 12),
             max_aliases=_int("BETTERCOMPUTE_MAX_ALIASES", 30),
             max_tokens=_int("BETTERCOMPUTE_MAX_TOKENS", 2000),
-            max_query_cost=_int("BETTERCOMPUTE_MAX_QUERY_COST", 50_000),
+            max_query_cost=_int("BETTERCOMPUTE_MAX_QUERY_COST", 600_000),
+            max_body_bytes=_int("BETTERCOMPUTE_MAX_BODY_BYTES", 1_048_576),
             max_subscriptions_per_connection=_int("BETTERCOMPUTE_MAX_SUBSCRIPTIONS", 20),
             connection_init_timeout_s=_float("BETTERCOMPUTE_CONNECTION_INIT_TIMEOUT_SECONDS", 10.0),
             keepalive_interval_s=_float("BETTERCOMPUTE_KEEPALIVE_SECONDS", 15.0),

@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from app.body_limit import BodyLimit
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
@@ -87,6 +89,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             WebSocketRoute("/graphql", graphql),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
         exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
 

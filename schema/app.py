@@ -19,6 +19,7 @@ from schema.errors import ErrorCodes
 from schema.executor import FastFieldsExecutor
 from schema.limits import query_limits
 from schema.mutations import Mutation
+from schema.operations import OperationChecks
 from schema.queries import Query
 from schema.read_scope_hooks import ReadScopeHooks
 from schema.scalars import SCALAR_MAP
@@ -39,6 +40,7 @@ def _build(
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
+        OperationChecks,  # before the limits: which operation runs, and over what
         # Before ParserCache: its on_parse sets the parse options (max_tokens) the cache uses.
         query_limits(
             max_depth=max_depth, max_aliases=max_aliases, max_tokens=max_tokens, max_cost=max_cost

@@ -1,17 +1,26 @@
-"""Query limits, checked before anything runs (CONTRACT section 9): depth, aliases and
-tokens (strawberry's own checks, fragment spreads followed) and a static cost estimate.
-Every refusal is RESOURCE_EXHAUSTED.
+"""Query limits, checked before anything else looks at a parsed document (CONTRACT
+section 9): depth, aliases, the size of the selection once fragments are expanded, and a
+static cost. Every refusal is RESOURCE_EXHAUSTED. graphql-core's own validation runs only
+on a document that passed them.
+
+Every check does work linear in the document: a fragment is measured once, however
+often it is spread (a chain of fragments that each spread the next twice expands to
+2^n fields from a few hundred bytes), and the sizes are summed as numbers.
 
 Cost: each selected field costs 1, times the size of the lists above it. A field with a
 `first` argument multiplies what is below it by `first` (its default when not given);
-any other list multiplies by LIST_ESTIMATE, except a connection's own `edges` and `nodes`,
-already counted by its `first`. Introspection fields are free. The estimate is computed
-with the request's variables, so `first: $n` counts as sent.
+any other list multiplies by its bound from app/capacity/bounds.py (LIST_BOUNDS), except
+a connection's own `edges` and `nodes`, already counted by its `first`. Root `quotas`
+without `poolId` has no bound (every visible pool): it counts as a full page of pools,
+UNPAGED_QUOTAS rows, and may be asked once per operation (docs/graphql.md).
+Introspection fields are free. The estimate is computed with the request's variables,
+so `first: $n` counts as sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -23,88 +32,191 @@ from graphql import (
     FragmentSpreadNode,
     GraphQLError,
     GraphQLInterfaceType,
+    GraphQLNamedType,
     GraphQLObjectType,
     GraphQLSchema,
     InlineFragmentNode,
     IntValueNode,
     OperationDefinitionNode,
     SelectionSetNode,
-    ValidationContext,
-    ValidationRule,
     VariableNode,
     get_named_type,
     get_nullable_type,
     is_list_type,
-    validate,
 )
 from graphql.pyutils import Undefined
 from strawberry.extensions import SchemaExtension
-from strawberry.extensions.max_aliases import create_validator as alias_validator
-from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
 from strawberry.schema.schema import validate_document
 
+from app.capacity.bounds import MAX_CAPACITY_ROWS, MAX_OFFERS_PER_POOL, MAX_RESOURCES
+from app.capacity.paging import MAX_PAGE_SIZE
+from app.catalog import POOL_METHODS
 from schema.errors import RESOURCE_EXHAUSTED
 
-LIST_ESTIMATE = 10
-# Fragments nested deeper than this are cut off (a cycle is invalid anyway).
-_MAX_FRAGMENT_NESTING = 32
+# Lists without `first`, by (type, field): their most items, as the domain bounds them.
+LIST_BOUNDS: Mapping[tuple[str, str], int] = {
+    ("Query", "capacity"): MAX_CAPACITY_ROWS,
+    ("Query", "catalog"): len(POOL_METHODS),
+    ("Query", "quotas"): MAX_RESOURCES,  # with poolId; see UNPAGED_QUOTAS
+    ("Pool", "quotas"): MAX_RESOURCES,
+    ("Pool", "capacity"): MAX_CAPACITY_ROWS,
+    ("Pool", "offers"): MAX_OFFERS_PER_POOL,
+    ("Offer", "quotas"): MAX_RESOURCES,
+    ("Reservation", "resources"): MAX_RESOURCES,
+}
+# Root `quotas` without `poolId`: the tenant's rows in every pool it sees, which nothing
+# bounds; counted as the rows of one full page of pools. Its items are flat (no list
+# below), so an alias of it costs at most this many rows times its scalar fields.
+UNPAGED_QUOTAS = MAX_PAGE_SIZE * MAX_RESOURCES
+# A list field this table does not know (a test keeps the schema's lists in it).
+UNKNOWN_LIST = MAX_PAGE_SIZE
+# Fields in an operation once every fragment spread is expanded: what validation and
+# execution walk. A document within the token limit and no fragments stays far below.
+MAX_EXPANDED_FIELDS = 10_000
+# orjson encodes 64-bit integers only; the message carries the exact figure.
+_MAX_REPORTED = 2**63 - 1
 
 
-def coded_rule(rule: type[ValidationRule], limit: str) -> type[ValidationRule]:
-    """A rule whose errors say RESOURCE_EXHAUSTED (strawberry's limiters report plain
-    errors, and report them while the rule is constructed)."""
+def _refusal(message: str, node: Any, limit: str, **details: Any) -> GraphQLError:
+    return GraphQLError(
+        message, node, extensions={"code": RESOURCE_EXHAUSTED, "limit": limit, **details}
+    )
 
-    class Coded(rule):  # type: ignore[misc, valid-type]
-        def __init__(self, context: ValidationContext) -> None:
-            report = context.report_error
 
-            def report_coded(error: GraphQLError) -> None:
-                error.extensions = {
-                    **(error.extensions or {}),
-                    "code": RESOURCE_EXHAUSTED,
-                    "limit": limit,
-                }
-                report(error)
+def _fragments_in_order(document: DocumentNode) -> list[FragmentDefinitionNode]:
+    """The document's fragments, each after every fragment it spreads (a cycle, refused
+    by validation later, is cut where it closes). Iterative: a chain of fragments may be
+    longer than Python's recursion limit allows."""
+    fragments = {
+        d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
+    }
+    spreads = {name: _spread_names(f.selection_set) for name, f in fragments.items()}
+    order: list[FragmentDefinitionNode] = []
+    state: dict[str, bool] = {}  # False while being visited, True once placed
+    for root in fragments:
+        if root in state:
+            continue
+        stack: list[tuple[str, Iterator[str]]] = [(root, iter(spreads[root]))]
+        state[root] = False
+        while stack:
+            name, pending = stack[-1]
+            for child in pending:
+                if child in fragments and child not in state:
+                    state[child] = False
+                    stack.append((child, iter(spreads[child])))
+                    break
+            else:
+                stack.pop()
+                state[name] = True
+                order.append(fragments[name])
+    return order
 
-            context.report_error = report_coded  # type: ignore[method-assign]
-            try:
-                super().__init__(context)
-            finally:
-                del context.report_error  # back to the class's method
 
-    Coded.__name__ = f"Coded{rule.__name__}"
-    return Coded
+def _spread_names(selection_set: SelectionSetNode | None) -> list[str]:
+    names: list[str] = []
+    pending = [selection_set]
+    while pending:
+        current = pending.pop()
+        if current is None:
+            continue
+        for selection in current.selections:
+            if isinstance(selection, FragmentSpreadNode):
+                names.append(selection.name.value)
+            else:
+                pending.append(selection.selection_set)  # type: ignore[attr-defined]
+    return names
+
+
+def _operations(document: DocumentNode) -> list[OperationDefinitionNode]:
+    return [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A selection set with its fragments expanded. `depth` and `aliases` count as
+    strawberry's QueryDepthLimiter and MaxAliasesLimiter did: depth is the nesting of
+    fields that have a selection set (introspection fields not counted)."""
+
+    depth: int = 0
+    aliases: int = 0
+    fields: int = 0
+
+
+_NOTHING = Shape()
+
+
+def _shape(selection_set: SelectionSetNode, known: Mapping[str, Shape]) -> Shape:
+    depth = aliases = fields = 0
+    for selection in selection_set.selections:
+        if isinstance(selection, FragmentSpreadNode):
+            inner = known.get(selection.name.value, _NOTHING)  # unknown or cyclic: none
+        elif isinstance(selection, InlineFragmentNode):
+            inner = _shape(selection.selection_set, known)
+        else:
+            assert isinstance(selection, FieldNode)
+            below = _shape(selection.selection_set, known) if selection.selection_set else None
+            counted = below is not None and not selection.name.value.startswith("__")
+            inner = Shape(
+                depth=1 + below.depth if counted and below else 0,
+                aliases=(selection.alias is not None) + (below.aliases if below else 0),
+                fields=1 + (below.fields if below else 0),
+            )
+        depth = max(depth, inner.depth)
+        aliases += inner.aliases
+        fields += inner.fields
+    return Shape(depth, aliases, fields)
+
+
+@lru_cache(maxsize=512)
+def shape_errors(
+    document: DocumentNode, max_depth: int, max_aliases: int, max_fields: int
+) -> list[GraphQLError]:
+    """Depth, aliases and expanded size: they depend on the document only."""
+    known: dict[str, Shape] = {}
+    for fragment in _fragments_in_order(document):
+        known[fragment.name.value] = _shape(fragment.selection_set, known)
+    errors: list[GraphQLError] = []
+    aliases = fields = 0
+    for operation in _operations(document):
+        shape = _shape(operation.selection_set, known)
+        if shape.depth > max_depth:
+            name = operation.name.value if operation.name else "anonymous"
+            message = f"'{name}' exceeds maximum operation depth of {max_depth}"
+            errors.append(_refusal(message, operation, "depth"))
+        aliases += shape.aliases
+        fields += shape.fields
+    if aliases > max_aliases:
+        errors.append(_refusal(f"{aliases} aliases found. Allowed: {max_aliases}", None, "aliases"))
+    if fields > max_fields:
+        message = (
+            f"the query selects {fields} fields once its fragments are expanded; "
+            f"at most {max_fields} are allowed"
+        )
+        errors.append(_refusal(message, None, "fields"))
+    return errors
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A selection's estimated cost, and how many times it reads an unbounded list."""
+
+    total: int = 0
+    unbounded: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.total + other.total, self.unbounded + other.unbounded)
+
+
+_FREE = Cost()
 
 
 class _Estimator:
-    def __init__(
-        self,
-        schema: GraphQLSchema,
-        fragments: Mapping[str, FragmentDefinitionNode],
-        variables: Mapping[str, Any],
-    ) -> None:
-        self.schema = schema
-        self.fragments = fragments
-        self.variables = variables
+    """The cost of each fragment once (in dependency order), then of each operation."""
 
-    def _fields(
-        self, selection_set: SelectionSetNode | None, parent: Any, depth: int = 0
-    ) -> Iterator[tuple[FieldNode, Any]]:
-        if selection_set is None or depth > _MAX_FRAGMENT_NESTING:
-            return
-        for selection in selection_set.selections:
-            if isinstance(selection, FieldNode):
-                yield selection, parent
-            elif isinstance(selection, InlineFragmentNode):
-                inner = parent
-                if selection.type_condition is not None:
-                    inner = self.schema.get_type(selection.type_condition.name.value) or parent
-                yield from self._fields(selection.selection_set, inner, depth + 1)
-            elif isinstance(selection, FragmentSpreadNode):
-                fragment = self.fragments.get(selection.name.value)
-                if fragment is not None:
-                    inner = self.schema.get_type(fragment.type_condition.name.value) or parent
-                    yield from self._fields(fragment.selection_set, inner, depth + 1)
+    def __init__(self, schema: GraphQLSchema, variables: Mapping[str, Any]) -> None:
+        self.schema = schema
+        self.variables = variables
+        self.fragments: dict[str, Cost] = {}
 
     def _first(self, node: FieldNode, default: Any) -> int:
         for argument in node.arguments or ():
@@ -117,60 +229,78 @@ class _Estimator:
                 sent = self.variables.get(value.name.value)
                 if isinstance(sent, int) and not isinstance(sent, bool):
                     return max(0, sent)
-        return default if isinstance(default, int) and default is not Undefined else 100
+        if isinstance(default, int) and default is not Undefined:
+            return default
+        return MAX_PAGE_SIZE
 
-    def cost(self, selection_set: SelectionSetNode | None, parent: Any) -> int:
-        total = 0
-        for node, owner in self._fields(selection_set, parent):
-            name = node.name.value
-            if name.startswith("__"):
-                continue
-            fields = (
-                owner.fields if isinstance(owner, GraphQLObjectType | GraphQLInterfaceType) else {}
-            )
-            field = fields.get(name)
-            if field is None:
-                total += 1
-                continue
-            below = self.cost(node.selection_set, get_named_type(field.type))
-            if "first" in field.args:
-                total += 1 + self._first(node, field.args["first"].default_value) * below
-            elif is_list_type(get_nullable_type(field.type)) and not owner.name.endswith(
-                "Connection"
-            ):
-                total += 1 + LIST_ESTIMATE * below
+    def _type(self, name: str) -> GraphQLNamedType | None:
+        return self.schema.get_type(name)
+
+    def cost(self, selection_set: SelectionSetNode | None, owner: GraphQLNamedType | None) -> Cost:
+        total = _FREE
+        for selection in selection_set.selections if selection_set else ():
+            if isinstance(selection, FragmentSpreadNode):
+                total += self.fragments.get(selection.name.value, _FREE)
+            elif isinstance(selection, InlineFragmentNode):
+                inner = owner
+                if selection.type_condition is not None:
+                    inner = self._type(selection.type_condition.name.value)
+                total += self.cost(selection.selection_set, inner)
             else:
-                total += 1 + below
+                assert isinstance(selection, FieldNode)
+                total += self._field(selection, owner)
         return total
 
+    def _field(self, node: FieldNode, owner: GraphQLNamedType | None) -> Cost:
+        name = node.name.value
+        if name.startswith("__"):
+            return _FREE
+        fields = owner.fields if isinstance(owner, GraphQLObjectType | GraphQLInterfaceType) else {}
+        field = fields.get(name)
+        if field is None or owner is None:
+            return Cost(1)  # validation refuses it later
+        below = self.cost(node.selection_set, get_named_type(field.type))
+        unbounded = 0
+        if "first" in field.args:
+            size = self._first(node, field.args["first"].default_value)
+        elif is_list_type(get_nullable_type(field.type)) and not owner.name.endswith("Connection"):
+            size = LIST_BOUNDS.get((owner.name, name), UNKNOWN_LIST)
+            if (owner.name, name) == ("Query", "quotas") and not any(
+                a.name.value == "poolId" for a in node.arguments or ()
+            ):
+                size, unbounded = UNPAGED_QUOTAS, 1
+        else:
+            size = 1
+        return Cost(1 + size * below.total, unbounded + size * below.unbounded)
 
-def cost_rule(budget: int, variables: Mapping[str, Any]) -> type[ValidationRule]:
-    class QueryCost(ValidationRule):
-        def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
-            context = self.context
-            fragments = {
-                d.name.value: d
-                for d in context.document.definitions
-                if isinstance(d, FragmentDefinitionNode)
-            }
-            root = context.schema.get_root_type(node.operation)
-            cost = _Estimator(context.schema, fragments, variables).cost(node.selection_set, root)
-            if cost > budget:
-                self.report_error(
-                    GraphQLError(
-                        f"query cost {cost} is over the budget of {budget}; ask for fewer "
-                        "items (`first`) or fewer nested lists",
-                        node,
-                        extensions={
-                            "code": RESOURCE_EXHAUSTED,
-                            "limit": "cost",
-                            "cost": cost,
-                            "budget": budget,
-                        },
-                    )
-                )
+    def operations(self, document: DocumentNode) -> Iterator[tuple[OperationDefinitionNode, Cost]]:
+        for fragment in _fragments_in_order(document):
+            owner = self._type(fragment.type_condition.name.value)
+            self.fragments[fragment.name.value] = self.cost(fragment.selection_set, owner)
+        for operation in _operations(document):
+            root = self.schema.get_root_type(operation.operation)
+            yield operation, self.cost(operation.selection_set, root)
 
-    return QueryCost
+
+def cost_errors(
+    schema: GraphQLSchema, document: DocumentNode, variables: Mapping[str, Any], budget: int
+) -> list[GraphQLError]:
+    errors = []
+    for operation, cost in _Estimator(schema, variables).operations(document):
+        if cost.unbounded > 1:
+            message = (
+                "`quotas` without `poolId` reads every pool the tenant sees; "
+                "ask for it once per query"
+            )
+            errors.append(_refusal(message, operation, "cost", unbounded=cost.unbounded))
+        elif cost.total > budget:
+            message = (
+                f"query cost {cost.total} is over the budget of {budget}; ask for fewer "
+                "items (`first`) or fewer nested lists"
+            )
+            reported = min(cost.total, _MAX_REPORTED)
+            errors.append(_refusal(message, operation, "cost", cost=reported, budget=budget))
+    return errors
 
 
 @lru_cache(maxsize=512)
@@ -185,31 +315,34 @@ def _validate(
 def query_limits(
     *, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
 ) -> type[SchemaExtension]:
-    """An extension class (constructed per request) that adds every limit and runs the
-    validation itself: the document's rules from a cache, the cost with this request's
-    variables (the only part that depends on them)."""
-    depth = coded_rule(depth_validator(max_depth, None), "depth")
-    aliases = coded_rule(alias_validator(max_aliases), "aliases")
+    """An extension class (constructed per request) that checks every limit and then
+    runs graphql-core's validation itself: the limits of the document and its validation
+    from caches, the cost with this request's variables (the only part that depends on
+    them)."""
 
     class QueryLimits(SchemaExtension):
         # Set up in on_parse (listed before ParserCache), not on_operation: a hook of the
         # whole operation stays suspended as long as a subscription lives.
         def on_parse(self) -> Iterator[None]:
-            context = self.execution_context
-            context.parse_options["max_tokens"] = max_tokens
-            context.validation_rules = (*context.validation_rules, depth, aliases)
+            self.execution_context.parse_options["max_tokens"] = max_tokens
             yield
 
         def on_validate(self) -> Iterator[None]:
             context = self.execution_context
-            assert context.graphql_document is not None
+            if context.pre_execution_errors:  # refused already (schema/operations.py)
+                yield
+                return
+            document = context.graphql_document
+            assert document is not None
             schema = context.schema._schema
-            errors = list(_validate(schema, context.graphql_document, context.validation_rules))
+            variables = context.variables if isinstance(context.variables, Mapping) else {}
+            errors: Sequence[GraphQLError] = shape_errors(
+                document, max_depth, max_aliases, MAX_EXPANDED_FIELDS
+            ) or cost_errors(schema, document, variables, max_cost)
             if not errors:
-                cost = cost_rule(max_cost, context.variables or {})
-                errors = validate(schema, context.graphql_document, [cost])
+                errors = _validate(schema, document, tuple(context.validation_rules))
             # Set (even when empty): strawberry then skips its own, uncached validation.
-            context.pre_execution_errors = errors
+            context.pre_execution_errors = list(errors)
             yield
 
     return QueryLimits

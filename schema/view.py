@@ -7,14 +7,14 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-from cross_web import HTTPException
+from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
-from strawberry.http import GraphQLHTTPResponse
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema import BaseSchema
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.types import ExecutionResult
@@ -48,19 +48,54 @@ class GraphQLView(GraphQL[Context, None]):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        request = Request(scope=scope, receive=receive)
+        context = self._context(request, None)
+        if _needs_token(request):
+            # Before the body is read or parsed (docs/decisions/0001); the context keeps
+            # the principal for the resolvers.
+            try:
+                await context.principal()
+            except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
+                # The answer a resolver gave before: 200, data null, the code in errors;
+                # a database out of reach is 503 with Retry-After, as every other failure.
+                error = to_domain_error(exc)
+                status = error.http_status if error.code == "UNAVAILABLE" else 200
+                await refused_with(error, status_code=status)(scope, receive, send)
+                return
         try:
-            response = await self.run(Request(scope=scope, receive=receive))
+            response = await self.run(request, context=context)
         except HTTPException as exc:
             response = refused(exc.status_code, exc.reason)
+        except Exception as exc:  # the body limit (413), or a failure outside GraphQL
+            error = to_domain_error(exc)  # logs what it masks
+            response = refused_with(error, status_code=error.http_status)
         await response(scope, receive, send)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
     ) -> Context:
+        return self._context(request, response)
+
+    def _context(
+        self, request: Request | WebSocket, response: Response | WebSocket | None
+    ) -> Context:
         capacity: Capacity = request.app.state.capacity
         return Context(
             request=request, response=response, capacity=capacity, settings=self.settings
         )
+
+    async def parse_http_body(
+        self, request: AsyncHTTPRequestAdapter
+    ) -> GraphQLRequestData | list[GraphQLRequestData]:
+        """strawberry reads fields of whatever JSON the body holds: `null`, `"x"` or `1`
+        failed with an AttributeError (500). Only an object (or a batch, refused later)
+        is a GraphQL request."""
+        content_type = request.content_type or ""
+        if request.method == "POST" and "application/json" in content_type:
+            body = self.decode_json(await request.get_body())  # bad JSON: 400 in run()
+            if not isinstance(body, dict | list):
+                raise HTTPException(400, "the request body must be a JSON object")
+        return await super().parse_http_body(request)
 
     def encode_json(self, data: object) -> bytes:
         return orjson.dumps(data)
@@ -118,6 +153,22 @@ def _unavailable(response_data: GraphQLHTTPResponse) -> bool:
         if isinstance(extensions, dict) and extensions.get("code") == "UNAVAILABLE":
             return True
     return False
+
+
+def _needs_token(request: Request) -> bool:
+    """Every GraphQL request carries a token (CONTRACT section 2), except a GET without
+    a query: GraphiQL's page, or strawberry's own refusal of an empty request."""
+    return request.method != "GET" or "query" in request.query_params
+
+
+def refused_with(error: DomainError, status_code: int) -> Response:
+    """A domain error raised before any GraphQL ran, in GraphQL's error shape."""
+    body: dict[str, Any] = {
+        "data": None,
+        "errors": [{"message": error.message, "extensions": {"code": error.code, **error.details}}],
+    }
+    headers = {"retry-after": str(RETRY_AFTER_S)} if error.code == "UNAVAILABLE" else None
+    return JSONResponse(body, status_code=status_code, headers=headers)
 
 
 def refused(status_code: int, reason: str) -> Response:

@@ -1,13 +1,17 @@
 """HTTP-level edges every client meets: routes that do not exist, wrong methods, the
-401 challenge, and the database errors that are and are not UNAVAILABLE."""
+401 challenge, the body limit, and the database errors that are and are not UNAVAILABLE."""
 
 from __future__ import annotations
 
 import sqlite3
 
+import httpx
 from sqlalchemy.exc import OperationalError
 
+from app.config import Settings
 from app.db.errors import to_domain_error
+from app.server import create_app
+from tests.body_stream import CHUNK, ChunkedBody
 from tests.rest.pool_calls import MISSING_POOL, create_pool
 from tests.support import Api, Fleet
 
@@ -58,3 +62,74 @@ def test_sqlite_bugs_are_internal_and_a_locked_file_is_unavailable() -> None:
     assert to_domain_error(sqlite_error("no such table: pools")).code == "INTERNAL"
     assert to_domain_error(sqlite_error("database is locked")).code == "UNAVAILABLE"
     assert to_domain_error(sqlite_error("unable to open database file")).code == "UNAVAILABLE"
+
+
+LIMIT = 1_048_576  # the default BETTERCOMPUTE_MAX_BODY_BYTES
+
+
+async def test_a_body_over_the_limit_is_refused_with_413_and_read_no_further(
+    api: Api, fleet: Fleet
+) -> None:
+    """50 MB sent chunked (no Content-Length): refused once the bytes received pass the
+    limit, with no more than a chunk past it pulled from the client. Before, the whole
+    body was read and parsed."""
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "admin")
+    body = ChunkedBody(50 << 20, prefix=b'{"tenantId": "acme", "pad": "')
+    response = await api.client.post(
+        "/api/compute/pools/list",
+        content=body,
+        headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"] == {
+        "code": "RESOURCE_EXHAUSTED",
+        "message": f"the request body is over the limit of {LIMIT} bytes",
+        "details": {"limit": "body", "maxBytes": LIMIT},
+    }
+    assert body.pulled <= LIMIT + CHUNK
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_a_byte_is_read(
+    api: Api, fleet: Fleet
+) -> None:
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "admin")
+    body = ChunkedBody(LIMIT + 1)
+    response = await api.client.post(
+        "/api/compute/pools/list",
+        content=body,
+        headers={"authorization": f"Bearer {token}", "content-length": str(LIMIT + 1)},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+    assert body.pulled == 0
+
+
+async def test_a_caller_without_a_token_is_refused_before_its_body_is_read(api: Api) -> None:
+    body = ChunkedBody(50 << 20)
+    response = await api.client.post("/api/compute/pools/list", content=body)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert body.pulled == 0
+
+
+async def test_the_body_limit_is_configurable_and_a_body_at_it_is_read(
+    database_url: str, fleet: Fleet
+) -> None:
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "admin")
+    app = create_app(Settings(database_url=database_url, max_body_bytes=100))
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    at_limit = b'{"tenantId": "acme"}'.ljust(100)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+    ):
+        read = await client.post("/api/compute/pools/list", content=at_limit, headers=headers)
+        assert read.status_code == 200, read.text
+        over = await client.post(
+            "/api/compute/pools/list", content=at_limit + b" ", headers=headers
+        )
+        assert over.status_code == 413
+        assert over.json()["error"]["details"] == {"limit": "body", "maxBytes": 100}
