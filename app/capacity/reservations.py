@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import CursorResult, Update, case, select, update
+from sqlalchemy import CursorResult, Update, case, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import pool_attributes, resolve_actor, resolve_pool_actor
@@ -64,10 +64,45 @@ def _take_capacity(pool_id: str, resource: str, amount: int) -> Update:
     )
 
 
+def _exhausted(limit: str, resource: str) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"{limit} for {resource} would be exceeded", field=f"resources.{resource}", limit=limit
+    )
+
+
+async def _refuse_if_full_now(
+    session: AsyncSession, pool_id: str, quota_tenant: str, resources: dict[str, int]
+) -> None:
+    """Refuse, without waiting for any lock, a booking that does not fit what is committed
+    now. Once a hot quota is spent, the bookings behind it answer at once instead of
+    queueing one by one for its row lock (and holding a connection while they wait). Only
+    a refusal is taken from this read: a booking that fits is still decided by the guarded
+    UPDATEs below."""
+    headroom = union_all(
+        select(literal("quota").label("limit"), QuotaRow.resource, QuotaRow.max - QuotaRow.used)
+        .where(
+            QuotaRow.pool_id == pool_id,
+            QuotaRow.tenant_id == quota_tenant,
+            QuotaRow.resource.in_(resources),
+        ),
+        select(
+            literal("capacity").label("limit"),
+            CapacityRow.resource,
+            CapacityRow.allocatable - CapacityRow.booked,
+        ).where(CapacityRow.pool_id == pool_id, CapacityRow.resource.in_(resources)),
+    )
+    room = {(limit, resource): left for limit, resource, left in await session.execute(headroom)}
+    for limit in ("quota", "capacity"):  # the order the guarded UPDATEs report in
+        for resource in sorted(resources):
+            if room.get((limit, resource), 0) < resources[resource]:  # a missing row grants 0
+                raise _exhausted(limit, resource)
+
+
 async def _book(
     uow: UnitOfWork, pool_id: str, quota_tenant: str, resources: dict[str, int]
 ) -> None:
     """Each guarded UPDATE matches its row only while the booking fits."""
+    await _refuse_if_full_now(uow.session, pool_id, quota_tenant, resources)
     order = sorted(resources)
     steps = [
         *(("quota", r, _take_quota(pool_id, quota_tenant, r, resources[r])) for r in order),
@@ -75,11 +110,7 @@ async def _book(
     ]
     for limit, resource, statement in steps:
         if _rowcount(await uow.session.execute(statement)) != 1:
-            raise ResourceExhausted(
-                f"{limit} for {resource} would be exceeded",
-                field=f"resources.{resource}",
-                limit=limit,
-            )
+            raise _exhausted(limit, resource)
 
 
 async def lock_capacity_rows(session: AsyncSession, pool_id: str) -> None:
