@@ -46,6 +46,10 @@ class Settings:
     broker_probe_interval_s: float = 2.0
     event_retention_s: int = 0  # 0 keeps every event
     allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    # Websockets: every process looks for revoked tokens this often and closes their
+    # sockets (4403); the largest message a client may send (larger closes with 1009).
+    revocation_poll_interval_s: float = 2.0
+    websocket_max_message_bytes: int = 1_048_576
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,4 +72,6 @@ class Settings:
             broker_probe_interval_s=_float("BETTERCOMPUTE_BROKER_PROBE_SECONDS", 2.0),
             event_retention_s=_int("BETTERCOMPUTE_EVENT_RETENTION_SECONDS", 0),
             allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()),
+            revocation_poll_interval_s=_float("BETTERCOMPUTE_REVOCATION_POLL_SECONDS", 2.0),
+            websocket_max_message_bytes=_int("BETTERCOMPUTE_WS_MAX_MESSAGE_BYTES", 1_048_576),
         )
