@@ -5,8 +5,9 @@ protocols, through a real uvicorn server and raw websocket clients (docs/events.
   UNAUTHENTICATED, then the socket closes with 4403;
 - a socket that only streams is closed with 4403 by its process's revocation watcher
   within a few seconds, whichever process revoked the token (the CLI here);
-- across processes: two `bettercompute serve` over PostgreSQL and Redis, revoked once
-  with the CLI, both sockets close at once (the broker wake-up, well before the poll).
+- across processes: two `bettercompute serve` over PostgreSQL with a Redis or PostgreSQL
+  broker, revoked once with the CLI: the sockets on both close at once (the CLI's
+  broker wake-up, long before the next poll).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import orjson
 import pytest
+from sqlalchemy.engine import make_url
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -191,16 +193,22 @@ async def test_a_streaming_socket_closes_4403_soon_after_the_cli_revokes_its_tok
             assert delivered["payload"]["data"]["poolEvents"]["type"] == "pool.created"
 
 
+@pytest.mark.parametrize("broker", ["redis", "postgres"])
 @pytest.mark.parametrize("dialect", ["postgresql"])  # several processes share PostgreSQL
 async def test_one_revocation_closes_its_sockets_on_every_process(
-    database_url: str, db: Database, redis_url: str
+    database_url: str, db: Database, redis_url: str, broker: str
 ) -> None:
+    if broker == "postgres":  # LISTEN/NOTIFY on the same server
+        postgres = make_url(database_url).set(drivername="postgresql")
+        broadcast_url = postgres.render_as_string(hide_password=False)
+    else:
+        broadcast_url = redis_url
     fleet = Fleet(db)
     await fleet.tenant("acme")
     doomed = await fleet.caller("acme", "viewer")
     env = {
         "BETTERCOMPUTE_DATABASE_URL": database_url,
-        "BETTERCOMPUTE_BROADCAST_URL": redis_url,
+        "BETTERCOMPUTE_BROADCAST_URL": broadcast_url,
         # Far longer than the test waits: what closes the sockets is the CLI's wake-up.
         "BETTERCOMPUTE_REVOCATION_POLL_SECONDS": "120",
     }
