@@ -79,4 +79,3 @@ async def test_it_finds_a_revocation_older_than_the_newest_it_saw_within_the_win
         await wait_until(lambda: late_socket.closed == raced_socket.closed == 1)
     finally:
         await watcher.stop()
-
