@@ -18,6 +18,7 @@ from app.config import Settings
 from app.db.engine import Database, create_database
 from app.db.errors import to_domain_error
 from app.db.migrate import upgrade
+from app.events.bus import announce_revocation
 from app.iam import callers
 
 Command = Callable[[Database, argparse.Namespace], Awaitable[dict[str, Any]]]
@@ -55,7 +56,10 @@ async def _token_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    await callers.revoke_token(db, a.token)
+    if await callers.revoke_token(db, a.token):
+        # Serve processes on a shared broker close the token's websockets at once; the
+        # others find it within BETTERCOMPUTE_REVOCATION_POLL_SECONDS.
+        await announce_revocation(Settings.from_env().broadcast_url)
     return {"revoked": True}
 
 
@@ -157,6 +161,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ws_ping_interval=settings.keepalive_interval_s,
         ws_ping_timeout=settings.keepalive_interval_s,
         ws_per_message_deflate=False,
+        ws_max_size=settings.websocket_max_message_bytes,  # a larger message closes 1009
     )
     return 0
 

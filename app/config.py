@@ -58,6 +58,10 @@ class Settings:
     db_acquire_timeout_s: float = 10.0
     db_statement_timeout_s: float = 10.0  # PostgreSQL statement_timeout; SQLite busy_timeout
     readiness_timeout_s: float = 2.0  # /readyz: how long the database may take to answer
+    # Websockets: every process looks for revoked tokens this often and closes their
+    # sockets (4403); the largest message a client may send (larger closes with 1009).
+    revocation_poll_interval_s: float = 2.0
+    websocket_max_message_bytes: int = 1_048_576
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -87,4 +91,6 @@ class Settings:
             db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 10.0),
             db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 10.0),
             readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
+            revocation_poll_interval_s=_float("BETTERCOMPUTE_REVOCATION_POLL_SECONDS", 2.0),
+            websocket_max_message_bytes=_int("BETTERCOMPUTE_WS_MAX_MESSAGE_BYTES", 1_048_576),
         )

@@ -20,6 +20,7 @@ from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import readyz
+from app.iam.revocations import RevocationWatcher
 from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
@@ -62,12 +63,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
         bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
         relay = relay_for(db, settings)
         bus.add_listener(relay.wake)
+        revocations = RevocationWatcher(db, settings.revocation_poll_interval_s)
+        bus.add_revocation_listener(revocations.wake)
+        await revocations.start()
         await relay.start()
         await bus.connect()
         app.state.settings = settings
         app.state.db = db
         app.state.bus = bus
         app.state.relay = relay
+        app.state.revocations = revocations
         app.state.capacity = Capacity(db, bus.notify)
         tune_gc()
         try:
@@ -75,6 +80,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             await bus.disconnect()
             await relay.stop()
+            await revocations.stop()
             await db.dispose()
 
     # One endpoint for queries, mutations (POST; GET for queries) and both websocket

@@ -61,6 +61,12 @@ class Context:
             )
         return await asyncio.shield(self._principal)
 
+    async def reauthenticate(self) -> Principal:
+        """Check the token again, now (each operation over a websocket does): a token
+        revoked since connection_init is UNAUTHENTICATED from here on."""
+        self._principal = None
+        return await self.principal()
+
     def fork(self) -> Context:
         """The same caller with reads of its own: one per subscription event, so each
         event reads fresh data and releases its connection once sent."""

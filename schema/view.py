@@ -27,7 +27,12 @@ from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
-from schema.websockets import LegacyWSHandler, TextFrames, TransportWSHandler
+from schema.websockets import (
+    BackendUnavailable,
+    LegacyWSHandler,
+    TextFrames,
+    TransportWSHandler,
+)
 
 
 class GraphQLView(GraphQL[Context, None]):
@@ -134,12 +139,15 @@ class GraphQLView(GraphQL[Context, None]):
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
         """Authenticate the connection before anything streams: the bearer token in the
         connection_init payload ({"authorization": "Bearer ..."}) or the upgrade's header.
-        A bad one closes the socket with 4403 (docs/events.md)."""
+        A bad one closes the socket with 4403 (docs/events.md); a database out of reach
+        with 1013, try again later."""
         context.forget_principal()
         try:
             await context.principal()
-        except DomainError as exc:
-            error = to_domain_error(exc)
+        except Exception as exc:
+            error = to_domain_error(exc)  # logs what it masks
+            if error.code == "UNAVAILABLE":
+                raise BackendUnavailable(error.message) from None
             raise ConnectionRejectionError(
                 {"message": error.message, "extensions": {"code": error.code}}
             ) from None

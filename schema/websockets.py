@@ -7,6 +7,13 @@
 - graphql-ws (legacy): a bad token gets `connection_error` with the error, then the
   socket closes with 4403 as on the newer protocol (strawberry would use 1011); no
   connection_init in time closes with 4408 and a second one with 4429, as there.
+
+On both, every operation checks the token again: a token revoked since connection_init
+gets UNAUTHENTICATED for the operation and the socket closes with 4403; sockets that only
+stream are closed (4403) by the process's revocation watcher (app/iam/revocations.py).
+A message of a shape its protocol does not define closes graphql-transport-ws with 4400
+(as the protocol says); legacy graphql-ws answers it with an `error` message, as its
+reference server did, and carries on.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from graphql import GraphQLFormattedError
-from starlette.websockets import WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.asgi import ASGIWebSocketAdapter
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http.exceptions import WebSocketDisconnected
@@ -28,9 +35,21 @@ from strawberry.subscriptions.protocols.graphql_ws import types as legacy_ws
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.unset import UnsetType
 
+from app.capacity.errors import DomainError, Unauthenticated
+from app.db.errors import to_domain_error
+from app.iam.callers import bearer_token_hash
+from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
 
-FORBIDDEN: Final = 4403
+# RFC 6455 "Try Again Later": the connection could not be authenticated because the
+# database is out of reach, which is no reason for a client to give up (4403 would be).
+TRY_AGAIN_LATER: Final = 1013
+
+
+class BackendUnavailable(Exception):
+    """on_ws_connect could not authenticate: the database or broker is out of reach."""
+
+_LEGACY_TYPES: Final = frozenset({"connection_init", "connection_terminate", "start", "stop"})
 
 
 class TextFrames(ASGIWebSocketAdapter):
@@ -40,10 +59,88 @@ class TextFrames(ASGIWebSocketAdapter):
     async def send_json(self, message: Mapping[str, object]) -> None:
         encoded = self.view.encode_json(message)
         text = encoded.decode() if isinstance(encoded, bytes) else encoded
+        if self.ws.application_state == WebSocketState.DISCONNECTED:
+            raise WebSocketDisconnected  # we closed it (4403, 4413...): nothing more goes out
         try:
             await self.ws.send_text(text)
         except WebSocketDisconnect as exc:
             raise WebSocketDisconnected from exc
+
+    async def close(self, code: int, reason: str) -> None:
+        """Once: the revocation watcher may close a socket its handler is closing."""
+        if self.ws.application_state != WebSocketState.DISCONNECTED:
+            await self.ws.close(code=code, reason=reason)
+
+
+def _coded(message: str, code: str) -> GraphQLFormattedError:
+    return {"message": message, "extensions": {"code": code}}
+
+
+def _operation_problem(payload: object) -> str | None:
+    """What is wrong with a subscribe/start payload's shape, if anything (both protocols:
+    `{query: string, variables?: object, operationName?: string, extensions?: object}`)."""
+    if not isinstance(payload, dict):
+        return "payload must be an object"
+    if not isinstance(payload.get("query"), str):
+        return "payload.query must be a string"
+    for key in ("variables", "extensions"):
+        if not isinstance(payload.get(key), dict | None):
+            return f"payload.{key} must be an object"
+    if not isinstance(payload.get("operationName"), str | None):
+        return "payload.operationName must be a string"
+    return None
+
+
+def _message_problem(message: object, operations: tuple[str, ...]) -> str | None:
+    """What is wrong with a protocol message's shape, if anything. `operations`: the
+    types that carry an id; the first of them carries an operation payload."""
+    if not isinstance(message, dict):
+        return "a message must be a JSON object"
+    kind = message.get("type")
+    if not isinstance(kind, str):
+        return "type must be a string"
+    if kind in operations and not isinstance(message.get("id"), str):
+        return "id must be a string"
+    if kind == operations[0]:
+        return _operation_problem(message.get("payload"))
+    if kind in ("ping", "pong") and not isinstance(message.get("payload"), dict | None):
+        return "payload must be an object"
+    return None
+
+
+def _watcher(context: Context) -> RevocationWatcher:
+    watcher: RevocationWatcher = context.request.app.state.revocations
+    return watcher
+
+
+class RevocableConnection:
+    """What both handlers add: the socket is known to the process's revocation watcher
+    from its connection_ack to its end, and each operation checks the token again."""
+
+    context: Context
+    websocket: TextFrames
+    _token_hash: str | None = None
+
+    def _watch_token(self) -> None:
+        self._token_hash = bearer_token_hash(self.context.authorization())
+        _watcher(self.context).register(self._token_hash, self)
+
+    def _unwatch_token(self) -> None:
+        if self._token_hash is not None:
+            _watcher(self.context).unregister(self._token_hash, self)
+            self._token_hash = None
+
+    async def close_revoked(self) -> None:
+        await self.websocket.close(code=FORBIDDEN, reason="Forbidden: token revoked")
+
+    async def _recheck_token(self) -> DomainError | None:
+        """Before each operation: None when the token is still good, else why not
+        (UNAUTHENTICATED, or UNAVAILABLE when the database cannot say)."""
+        try:
+            await self.context.reauthenticate()
+        except Exception as exc:
+            return to_domain_error(exc)
+        return None
 
 
 def _too_many(limit: int) -> GraphQLFormattedError:
@@ -53,13 +150,43 @@ def _too_many(limit: int) -> GraphQLFormattedError:
     }
 
 
-class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Context, None]):
+    websocket: TextFrames
+
+    async def handle(self) -> None:
+        try:
+            await super().handle()
+        finally:
+            self._unwatch_token()
+
+    async def handle_message(self, message: transport_ws.Message) -> None:
+        problem = _message_problem(message, ("subscribe", "complete"))
+        if problem is not None:
+            await self.handle_invalid_message(f"Invalid message: {problem}")
+            return
+        await super().handle_message(message)
+
     async def handle_connection_init(self, message: transport_ws.ConnectionInitMessage) -> None:
-        await super().handle_connection_init(message)
+        try:
+            await super().handle_connection_init(message)
+        except BackendUnavailable:
+            await self.websocket.close(code=TRY_AGAIN_LATER, reason="Try again later")
+            return
         if self.connection_acknowledged:
             self.connection_init_timeout_task = None  # done; no need to keep it for hours
+            self._watch_token()
 
     async def handle_subscribe(self, message: transport_ws.SubscribeMessage) -> None:
+        if self.connection_acknowledged:
+            refused = await self._recheck_token()
+            if refused is not None:
+                error = _coded(refused.message, refused.code)
+                await self.send_message(
+                    transport_ws.ErrorMessage(id=message["id"], type="error", payload=[error])
+                )
+                if isinstance(refused, Unauthenticated):
+                    await self.close_revoked()
+                return
         limit = self.max_subscriptions_per_connection
         if (
             self.connection_acknowledged
@@ -76,17 +203,39 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_subscribe(message)
 
 
-class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
+class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
     """Also given what the newer protocol has: a connection_init deadline (4408) and a
     single initialisation (a second one closes with 4429)."""
+
+    websocket: TextFrames
 
     async def handle(self) -> None:
         deadline = asyncio.create_task(self._close_unless_initialised())
         try:
             await super().handle()
         finally:
+            self._unwatch_token()
             deadline.cancel()
             await asyncio.gather(deadline, return_exceptions=True)
+
+    async def handle_message(self, message: legacy_ws.OperationMessage) -> None:
+        problem = _message_problem(message, ("start", "stop"))
+        kind = message.get("type") if problem is None else None
+        if problem is None and kind not in _LEGACY_TYPES:
+            problem = f"unknown message type {kind}"
+        if problem is not None:
+            operation_id = message.get("id") if isinstance(message, dict) else None
+            # The reference server's answer; the protocol's ErrorMessage type wants an id.
+            error = _coded(f"Invalid message: {problem}", "INVALID_INPUT")
+            await self.websocket.send_json(
+                {
+                    "type": "error",
+                    "id": operation_id if isinstance(operation_id, str) else None,
+                    "payload": error,
+                }
+            )
+            return
+        await super().handle_message(message)
 
     async def _close_unless_initialised(self) -> None:
         await asyncio.sleep(self.view.connection_init_wait_timeout.total_seconds())
@@ -109,15 +258,36 @@ class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
             await self.send_message({"type": "connection_error", "payload": rejected.payload})
             await self.websocket.close(code=FORBIDDEN, reason="Forbidden")
             return
+        except BackendUnavailable as unavailable:
+            error: dict[str, object] = {
+                "message": str(unavailable),
+                "extensions": {"code": "UNAVAILABLE"},
+            }
+            await self.send_message(
+                legacy_ws.ConnectionErrorMessage(type="connection_error", payload=error)
+            )
+            await self.websocket.close(code=TRY_AGAIN_LATER, reason="Try again later")
+            return
         if isinstance(ack, UnsetType) or ack is None:
             await self.send_message({"type": "connection_ack"})
         else:
             await self.send_message({"type": "connection_ack", "payload": ack})
         self.connection_acknowledged = True
+        self._watch_token()
         if self.keep_alive:
             self.keep_alive_task = asyncio.create_task(self.handle_keep_alive())
 
     async def handle_start(self, message: legacy_ws.StartMessage) -> None:
+        if self.connection_acknowledged:
+            refused = await self._recheck_token()
+            if refused is not None:
+                error = _coded(refused.message, refused.code)
+                await self.send_message(
+                    legacy_ws.ErrorMessage(type="error", id=message["id"], payload=error)
+                )
+                if isinstance(refused, Unauthenticated):
+                    await self.close_revoked()
+                return
         limit = self.max_subscriptions_per_connection
         if (
             self.connection_acknowledged

@@ -95,7 +95,8 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     caller_id: Mapped[str] = mapped_column(ForeignKey("callers.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    revoked_at: Mapped[datetime | None]
+    # Indexed: each serve process looks for recent revocations every few seconds.
+    revoked_at: Mapped[datetime | None] = mapped_column(index=True)
 
 
 class Site(Base):

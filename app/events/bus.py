@@ -32,10 +32,14 @@ from app.events.redis_wakeups import RedisWakeups
 log = logging.getLogger(__name__)
 
 CHANNEL: Final = "bettercompute.pool-events"
+# On the same channel: "a token was revoked, look now" (app/iam/revocations.py).
+TOKEN_REVOKED: Final = "token-revoked"
 
 # Called with the newest seq a wake-up carries, or None for "catch up, you may have
 # missed some". Must not block: listeners only set a flag.
 WakeListener = Callable[[int | None], None]
+# Called when a token was revoked somewhere, or on a (re)connect. Must not block.
+RevocationListener = Callable[[], None]
 
 
 class EventBus:
@@ -55,6 +59,7 @@ class EventBus:
         self._publish_timeout_s = publish_timeout_s
         self._max_delay_s = max_reconnect_delay_s
         self._listeners: list[WakeListener] = []
+        self._revocation_listeners: list[RevocationListener] = []
         self._broadcast: Broadcast | None = None  # the live connection, None while down
         self._connected = asyncio.Event()
         self._broken = asyncio.Event()
@@ -71,6 +76,9 @@ class EventBus:
 
     def add_listener(self, listener: WakeListener) -> None:
         self._listeners.append(listener)
+
+    def add_revocation_listener(self, listener: RevocationListener) -> None:
+        self._revocation_listeners.append(listener)
 
     async def connect(self, *, wait_s: float = 5.0) -> None:
         """Start the supervisor and wait (a while) for the first connection. A broker that
@@ -115,6 +123,10 @@ class EventBus:
         for listener in self._listeners:
             listener(seq)
 
+    def _revoked(self) -> None:
+        for listener in self._revocation_listeners:
+            listener()
+
     async def _publish_loop(self) -> None:
         """Publish the newest pending wake-up. While the broker is down it is held, and
         published once a connection is back: other processes may have reconnected
@@ -153,9 +165,7 @@ class EventBus:
             await asyncio.sleep(delay)
 
     def _new_broadcast(self) -> Broadcast:
-        if urlparse(self.url).scheme in ("redis", "rediss"):
-            return Broadcast(backend=RedisWakeups(self.url))
-        return Broadcast(self.url)
+        return _broadcast_for(self.url)
 
     async def _publish(self, broadcast: Broadcast, message: str) -> None:
         # One at a time: the postgres backend publishes on its one LISTEN connection.
@@ -179,6 +189,7 @@ class EventBus:
             self.connections += 1
             log.info("event broker %s connected", self._where)
             self._wake(None)  # catch up on what was published while we were not listening
+            self._revoked()
             await self._listen(broadcast, subscriber)
 
     async def _close(self, broadcast: Broadcast, _: AsyncExitStack) -> None:
@@ -203,6 +214,8 @@ class EventBus:
                 message = (await subscriber.get()).message
                 if message.isdigit():
                     self._wake(int(message))
+                elif message == TOKEN_REVOKED:
+                    self._revoked()
                 elif message == f"{self._probe_token}:{probe_round}":
                     probe_seen.set()
 
@@ -232,3 +245,30 @@ class EventBus:
         for task in done:
             task.result()  # raises what ended the session
         raise ConnectionError("broker subscription ended")
+
+
+def _broadcast_for(url: str) -> Broadcast:
+    if urlparse(url).scheme in ("redis", "rediss"):
+        return Broadcast(backend=RedisWakeups(url))
+    return Broadcast(url)
+
+
+async def announce_revocation(url: str, *, timeout_s: float = 2.0) -> bool:
+    """From a process that serves nothing (the CLI): tell every serve process on the
+    broker to look for revoked tokens now. Best effort: each also looks every few
+    seconds, and `memory://` reaches no other process. True when published."""
+    if urlparse(url).scheme == "memory":
+        return False
+    broadcast = _broadcast_for(url)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await broadcast.connect()
+            try:
+                await broadcast.publish(CHANNEL, TOKEN_REVOKED)
+            finally:
+                await broadcast.disconnect()
+    except Exception as exc:  # any broker failure: the pollers find it anyway
+        where = urlparse(url).hostname  # no credentials in logs
+        log.warning("revocation not announced on %s: %s: %s", where, type(exc).__name__, exc)
+        return False
+    return True

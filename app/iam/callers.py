@@ -57,18 +57,25 @@ async def revoke_token(db: Database, token: str) -> bool:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def authenticate(db: Database, authorization: str | None) -> Principal:
-    """`Authorization: Bearer <token>` to a principal, or UNAUTHENTICATED."""
+def bearer_token_hash(authorization: str | None) -> str:
+    """The stored hash of the token in `Authorization: Bearer <token>`, or UNAUTHENTICATED
+    when the header is missing or malformed."""
     if not authorization:
         raise Unauthenticated("missing bearer token")
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("expected 'Authorization: Bearer <token>'")
+    return token_hash(token.strip())
+
+
+async def authenticate(db: Database, authorization: str | None) -> Principal:
+    """`Authorization: Bearer <token>` to a principal, or UNAUTHENTICATED."""
+    hashed = bearer_token_hash(authorization)
     query = (
         select(Caller.id, Caller.tenant_id, RoleBinding.role, RoleBinding.conditions)
         .join(ApiToken, ApiToken.caller_id == Caller.id)
         .join(RoleBinding, RoleBinding.caller_id == Caller.id)
-        .where(ApiToken.token_hash == token_hash(token.strip()), ApiToken.revoked_at.is_(None))
+        .where(ApiToken.token_hash == hashed, ApiToken.revoked_at.is_(None))
     )
     async with db.reader.connect() as conn:
         row = (await conn.execute(query)).first()

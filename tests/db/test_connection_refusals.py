@@ -10,6 +10,7 @@ from the fault ending to the first 200.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -17,14 +18,18 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 import pytest
 from sqlalchemy.engine import make_url
+from websockets.asyncio.client import connect as websockets_connect
+from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.db.migrate import upgrade
 from tests.db.faults import Load, admin, private_postgres, report, terminate_backends
-from tests.events.conftest import running
+from tests.events.conftest import running, served
 from tests.support import Api, Fleet
 
 POSTGRESQL = pytest.mark.parametrize("dialect", ["postgresql"])  # PostgreSQL's SQLSTATEs
@@ -176,3 +181,55 @@ async def test_a_server_shutting_down_and_restarting_is_503() -> None:
         finally:
             if not held.is_closed():
                 await held.close()
+
+
+@POSTGRESQL
+@pytest.mark.parametrize("protocol", ["graphql-transport-ws", "graphql-ws"])
+async def test_a_websocket_opened_while_the_database_refuses_closes_1013(
+    database_url: str, db: Database, protocol: str
+) -> None:
+    """connection_init cannot be authenticated while the database refuses connections
+    (55000): the socket closes with 1013 (try again later), not 4403 (which tells a client
+    its token is bad) nor a crash; once the database is back the same token connects."""
+    fleet = Fleet(db)
+    await fleet.tenant("acme")
+    token = await fleet.caller("acme", "viewer")
+    await db.dispose()
+    name = make_url(database_url).database
+
+    async def connect_once(address: str) -> tuple[int | None, list[dict[str, Any]]]:
+        async with websockets_connect(
+            f"ws://{address}/graphql", subprotocols=[Subprotocol(protocol)], open_timeout=60
+        ) as ws:
+            init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+            await ws.send(orjson.dumps(init).decode())
+            seen: list[dict[str, Any]] = []
+            try:
+                async with asyncio.timeout(60):
+                    while True:
+                        message = orjson.loads(await ws.recv())
+                        seen.append(message)
+                        if message["type"] == "connection_ack":
+                            return None, seen
+            except ConnectionClosed as closed:
+                return (closed.rcvd.code if closed.rcvd else None), seen
+
+    async def heal() -> None:
+        await admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    try:
+        async with served(Settings(database_url=database_url)) as (_, address):
+            await admin(
+                f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+                terminate_backends(f"datname = '{name}'"),
+            )
+            code, seen = await connect_once(address)
+            assert code == 1013, (code, seen)
+            if protocol == "graphql-ws":  # the legacy protocol says why before closing
+                assert seen[-1]["type"] == "connection_error"
+                assert seen[-1]["payload"]["extensions"]["code"] == "UNAVAILABLE"
+            await heal()
+            code, seen = await connect_once(address)
+            assert code is None and seen[-1]["type"] == "connection_ack"
+    finally:
+        await heal()

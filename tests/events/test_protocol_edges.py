@@ -49,10 +49,11 @@ async def send(ws: ClientConnection, message: dict[str, Any]) -> None:
 
 
 async def receive(ws: ClientConnection, skip_keepalive: bool = True) -> dict[str, Any]:
-    while True:
-        message: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), 5))
-        if not (skip_keepalive and message["type"] in ("ka", "ping", "pong")):
-            return message
+    async with asyncio.timeout(10):  # keep-alives alone never satisfy it
+        while True:
+            message: dict[str, Any] = orjson.loads(await ws.recv())
+            if not (skip_keepalive and message["type"] in ("ka", "ping", "pong")):
+                return message
 
 
 async def closed_with(ws: ClientConnection) -> int | None:
@@ -179,3 +180,64 @@ async def test_an_unlisted_browser_origin_is_refused(server: tuple[str, str]) ->
     ) as ws:
         await send(ws, {"type": "ping"})
         assert (await receive(ws, skip_keepalive=False))["type"] == "pong"
+
+
+def malformed(protocol: str) -> dict[str, Any]:
+    """Messages of shapes the protocol does not define, by what is wrong with them."""
+    kind, stop = ("subscribe", "complete") if protocol == TRANSPORT_WS else ("start", "stop")
+    good = {"query": SUBSCRIBE}
+    return {
+        "array": [{"type": kind, "id": "1", "payload": good}],
+        "string": "ping",
+        "number": 5,
+        "null": None,
+        "type-not-a-string": {"type": 5},
+        "no-id": {"type": kind, "payload": good},
+        "object-id": {"type": kind, "id": {"a": 1}, "payload": good},
+        "stop-with-object-id": {"type": stop, "id": {"a": 1}},
+        "string-payload": {"type": kind, "id": "1", "payload": "subscription { x }"},
+        "no-payload": {"type": kind, "id": "1"},
+        "number-query": {"type": kind, "id": "1", "payload": {"query": 5}},
+        "string-variables": {"type": kind, "id": "1", "payload": {**good, "variables": "{}"}},
+        "number-operation-name": {
+            "type": kind,
+            "id": "1",
+            "payload": {**good, "operationName": 5},
+        },
+    }
+
+
+MALFORMED_NAMES = list(malformed(TRANSPORT_WS))
+
+
+@pytest.mark.parametrize("name", MALFORMED_NAMES)
+async def test_a_malformed_message_closes_graphql_transport_ws_with_4400(
+    server: tuple[str, str], name: str
+) -> None:
+    address, token = server
+    async with connect(f"ws://{address}/graphql", subprotocols=[TRANSPORT_WS]) as ws:
+        await send(ws, init(token))
+        assert (await receive(ws))["type"] == "connection_ack"
+        await ws.send(orjson.dumps(malformed(TRANSPORT_WS)[name]).decode())
+        assert await closed_with(ws) == 4400
+
+
+@pytest.mark.parametrize("name", [*MALFORMED_NAMES, "unknown-type"])
+async def test_a_malformed_message_on_graphql_ws_gets_an_error_and_the_socket_stays(
+    server: tuple[str, str], name: str
+) -> None:
+    address, token = server
+    message = malformed(LEGACY_WS).get(name, {"type": "subscribe", "id": "1"})
+    async with connect(f"ws://{address}/graphql", subprotocols=[LEGACY_WS]) as ws:
+        await send(ws, init(token))
+        assert (await receive(ws))["type"] == "connection_ack"
+        await ws.send(orjson.dumps(message).decode())
+        error = await receive(ws)
+        assert error["type"] == "error", error
+        assert error["payload"]["extensions"]["code"] == "INVALID_INPUT"
+        sent_id = message.get("id") if isinstance(message, dict) else None
+        assert error["id"] == (sent_id if isinstance(sent_id, str) else None)
+        # The connection carries on: it answers the next message, and keeps alive.
+        await ws.send(orjson.dumps(message).decode())
+        assert (await receive(ws))["type"] == "error"
+        assert (await receive(ws, skip_keepalive=False))["type"] == "ka"
