@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from app.capacity.inputs import CreatePoolInput, OfferPoolInput, parse_input
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.db.models import Event, FleetName, Pool, RoleBinding, Tenant
+from app.demo import DEMO_FLEET
 from app.fleet.apply import OPERATOR, apply_fleet
 from app.fleet.export import export_fleet
 from app.fleet.schema import parse_fleet, read_fleet
@@ -298,3 +300,12 @@ async def test_export_then_apply_is_a_no_op_without_secrets(db: Database, fleet:
     async with db.reader.connect() as conn:
         policy = await conn.scalar(select(Pool.policy).where(Pool.id == created.pool.id))
     assert policy["kubernetes"]["token"] == "join-secret-0123456789"
+
+
+async def test_the_readme_fleet_file_applies_and_the_demo_file_parses(db: Database) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    report = await apply_fleet(db, read_fleet(block, "README.md"))
+    assert report["changes"] == len(report["created"]) == 8
+    assert (await apply_fleet(db, read_fleet(block, "README.md")))["changes"] == 0
+    read_fleet(DEMO_FLEET.read_text(), str(DEMO_FLEET))
