@@ -64,10 +64,10 @@ _FILE_FIELDS = {
 }
 
 
-def located(exc: DomainError, path: str) -> DomainError:
+def located(exc: DomainError, path: str, fields: dict[str, str] | None = None) -> DomainError:
     """The same error, its message and field prefixed with where in the file it arose."""
     name = exc.field or ""
-    name = _FILE_FIELDS.get(name, name)
+    name = {**_FILE_FIELDS, **(fields or {})}.get(name, name)
     where = f"{path}.{name}" if name else path
     details = {k: v for k, v in exc.details.items() if k != "field"}
     return type(exc)(f"{where}: {exc.message}", field=where, **details)
@@ -189,7 +189,7 @@ class _Apply:
                     try:
                         await add_tenant(self.uow, entry.id, entry.parent)
                     except DomainError as exc:
-                        raise located(exc, path) from None
+                        raise located(exc, path, {"tenantId": "id"}) from None
                     self.report.created.append(item)
                 elif row.parent_id != entry.parent:
                     where = f"{path}.parent"
