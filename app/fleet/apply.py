@@ -302,7 +302,7 @@ class _Apply:
                 entry_item = {**item, "id": pool_id}
                 if fields:
                     self.report.changed.append({**entry_item, "action": "update", "fields": fields})
-                elif not pool.archived:
+                elif not entry.archived:  # an archived pool is reported below
                     self.report.unchanged.append(entry_item)
         except DomainError as exc:
             raise located(exc, path) from None

@@ -135,6 +135,7 @@ async def test_a_changed_file_makes_exactly_its_changes(db: Database) -> None:
         ("pool", "spare", None, "archive"),
     ]
     assert report["changes"] == 7
+    assert ("pool", "spare", None, None) not in keys(report["unchanged"])  # listed once
     assert [t for t, _ in (await events(db))[before:]] == [
         "pool.updated",
         "pool.offered",
