@@ -32,15 +32,6 @@ RESERVATIONS = (
     ("globex-research-operator", "globex-research", "h100", {"gpu": 4}),
     ("initech-admin", "initech", "a100-mig", {"gpu.mig": 6}),
 )
-# (label, tenant, role): the demo file's callers, found again on a second run.
-CALLERS = (
-    ("fleet-admin", "fleet", "fleet-admin"),
-    ("acme-admin", "acme", "admin"),
-    ("acme-viewer", "acme", "viewer"),
-    ("globex-admin", "globex", "admin"),
-    ("globex-research-operator", "globex-research", "operator"),
-    ("initech-admin", "initech", "admin"),
-)
 
 
 async def _existing_tokens(db: Database) -> dict[str, str]:
@@ -54,10 +45,11 @@ async def _existing_tokens(db: Database) -> dict[str, str]:
             )
         ).all()
     tokens: dict[str, str] = {}
-    for label, tenant, role in CALLERS:
-        caller = next((r for r in rows if r.tenant_id == tenant and r.role == role), None)
+    # By tenant and role, not by name: a database seeded before fleet files has no names.
+    for c in read_fleet(DEMO_FLEET.read_text(), str(DEMO_FLEET)).callers:
+        caller = next((r for r in rows if r.tenant_id == c.tenant and r.role == c.role), None)
         if caller is not None:
-            tokens[label] = await create_token(db, caller.id)
+            tokens[c.name] = await create_token(db, caller.id)
     return tokens
 
 
