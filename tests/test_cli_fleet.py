@@ -165,3 +165,16 @@ async def test_an_embedded_database_behind_head_is_migrated_by_any_command(
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
             (HEAD_REVISION,)
         ]
+
+
+def test_the_cli_lists_the_domains_site_kinds_and_tenant_pattern() -> None:
+    """Written twice so `--help` and `tenant create` need no domain imports; kept equal."""
+    import typing
+
+    from app import cli
+    from app.capacity import inventory
+    from app.capacity.inputs import TenantId
+
+    assert cli.SITE_KINDS == inventory.SITE_KINDS
+    constraint = typing.get_args(TenantId)[1]
+    assert f"^{inventory.TENANT_ID.pattern}$" == constraint.pattern
