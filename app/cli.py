@@ -1,5 +1,10 @@
 """The `bettercompute` operator command. Each admin command prints one JSON object on
-stdout, or a one-line error on stderr with a non-zero exit."""
+stdout, or a one-line error on stderr with a non-zero exit.
+
+Only argparse is imported up front: each command imports what it needs when it runs, so
+an admin command answers like a shell command (the server, GraphQL and the event relay
+load only for `serve`, Alembic only when the database is behind; bench/cli_commands.py).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,17 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from sqlalchemy.engine import make_url
-
-from app.capacity import inventory
 from app.capacity.errors import DomainError, InvalidInput
 from app.config import Settings
-from app.db.engine import Database, create_database
-from app.db.errors import to_domain_error
-from app.db.migrate import upgrade
-from app.events.bus import announce_revocation
-from app.iam import callers
+from app.db.embedded import ensure_migrated, is_embedded
 
-Command = Callable[[Database, argparse.Namespace], Awaitable[dict[str, Any]]]
+if TYPE_CHECKING:
+    from app.db.engine import Database
+
+Command = Callable[["Database", argparse.Namespace], Awaitable[dict[str, Any]]]
+SITE_KINDS = ("platform", "custom")  # app.capacity.inventory checks them; listed for --help
 
 
 def _where(pairs: Sequence[str]) -> dict[str, str]:
@@ -35,27 +36,40 @@ def _where(pairs: Sequence[str]) -> dict[str, str]:
 
 
 async def _tenant_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity import inventory
+
     return {"tenantId": await inventory.create_tenant(db, a.id, a.parent)}
 
 
 async def _site_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity import inventory
+
     return {"siteId": await inventory.create_site(db, a.tenant, a.kind, a.region)}
 
 
 async def _account_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity import inventory
+
     return {"providerAccountId": await inventory.create_provider_account(db, a.tenant)}
 
 
 async def _caller_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.iam import callers
+
     caller_id, token = await callers.create_caller(db, a.tenant, a.role, _where(a.where))
     return {"callerId": caller_id, "token": token}
 
 
 async def _token_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.iam import callers
+
     return {"token": await callers.create_token(db, a.caller)}
 
 
 async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.events.bus import announce_revocation
+    from app.iam import callers
+
     if await callers.revoke_token(db, a.token):
         # Serve processes on a shared broker close the token's websockets at once; the
         # others find it within BETTERCOMPUTE_REVOCATION_POLL_SECONDS.
@@ -64,6 +78,8 @@ async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _node_add(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity import inventory
+
     return {"nodeId": await inventory.add_node(db, a.pool, a.gpus, a.owner_tenant)}
 
 
@@ -71,6 +87,45 @@ async def _demo(db: Database, _: argparse.Namespace) -> dict[str, Any]:
     from app.demo import seed
 
     return await seed(db)
+
+
+def _read_file(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}", field="file") from None
+
+
+async def _apply(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.fleet.apply import apply_fleet
+    from app.fleet.schema import read_fleet
+
+    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run)
+
+
+async def _export(db: Database, _: argparse.Namespace) -> dict[str, Any]:
+    from app.fleet.export import export_fleet
+
+    return await export_fleet(db)
+
+
+def _json_line(result: dict[str, Any], _: argparse.Namespace) -> str:
+    import orjson
+
+    return orjson.dumps(result).decode() + "\n"
+
+
+def _fleet_document(result: dict[str, Any], a: argparse.Namespace) -> str:
+    if a.format == "json":
+        import orjson
+
+        return orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n"
+    import yaml
+
+    return str(yaml.safe_dump(result, sort_keys=False, allow_unicode=True))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
 
     site = group("site", "sites").add_parser("create")
     site.add_argument("--tenant", required=True)
-    site.add_argument("--kind", required=True, choices=inventory.SITE_KINDS)
+    site.add_argument("--kind", required=True, choices=SITE_KINDS)
     site.add_argument("--region", required=True)
     site.set_defaults(run=_site_create)
 
@@ -123,17 +178,29 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--owner-tenant")
     node.set_defaults(run=_node_add)
 
+    apply = sub.add_parser(
+        "apply", help="make the fleet what a fleet file (YAML or JSON) declares, in one step"
+    )
+    apply.add_argument("-f", "--file", required=True, help="the fleet file, or - for stdin")
+    apply.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    apply.set_defaults(run=_apply)
+
+    export = sub.add_parser("export", help="print the fleet as a fleet file (no secrets)")
+    export.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    export.set_defaults(run=_export, render=_fleet_document)
+
     sub.add_parser("demo", help="seed a small fleet and print tokens").set_defaults(run=_demo)
     return parser
 
 
 def _embedded(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
+    return is_embedded(url)
 
 
 async def _run(command: Command, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    if _embedded(settings.database_url):
-        await upgrade(settings.database_url)  # the embedded default needs no setup step
+    from app.db.engine import create_database
+
+    await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
     db = create_database(settings.database_url, settings)
     try:
         return await command(db, args)
@@ -144,6 +211,7 @@ async def _run(command: Command, args: argparse.Namespace, settings: Settings) -
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
+    from app.db.migrate import upgrade
     from app.websocket_protocol import LeanWebSocketProtocol
 
     if _embedded(settings.database_url):
@@ -178,15 +246,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args, settings)
         if args.command == "db":
+            from app.db.migrate import upgrade
+
             result: dict[str, Any] = {"revision": asyncio.run(upgrade(settings.database_url))}
         else:
+            if args.command == "apply":
+                args.text = _read_file(args.file)  # before the database, so stdin is read once
             result = asyncio.run(_run(args.run, args, settings))
     except DomainError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except Exception as exc:
+        from app.db.errors import to_domain_error
+
         error = to_domain_error(exc)
         return _fail(f"{error.code}: {error.message}")
-    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    sys.stdout.write(getattr(args, "render", _json_line)(result, args))
     return 0
 
 

@@ -21,10 +21,18 @@ from tests.support import Api
 BIN = Path(sys.executable).with_name("bettercompute")
 
 
-def run(url: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+def run(
+    url: str, *args: str, ok: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BETTERCOMPUTE_DATABASE_URL": url}
     done = subprocess.run(
-        [str(BIN), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        [str(BIN), *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     if ok:
         assert done.returncode == 0, done.stderr

@@ -219,6 +219,17 @@ class IdempotencyRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class FleetName(Base):
+    """The stable name a fleet file (`bettercompute apply`) gives a site, provider account,
+    caller or pool of a tenant, and the generated id it stands for (ADR 0005)."""
+
+    __tablename__ = "fleet_names"
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    resource_id: Mapped[str] = mapped_column(String(64), unique=True)
+
+
 class Event(Base):
     """The outbox: the source of truth for pool events, written in the change's transaction."""
 
@@ -250,6 +261,7 @@ __all__ = [
     "CapacityRow",
     "Event",
     "EventAudience",
+    "FleetName",
     "IdempotencyRecord",
     "Node",
     "Offer",

@@ -17,6 +17,11 @@ async def create_caller(
     db: Database, tenant_id: str, role: str, conditions: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """Returns (caller id, its first token)."""
+    async with UnitOfWork(db) as uow:
+        return await add_caller(uow, tenant_id, role, conditions)
+
+
+def _check_binding(tenant_id: str, role: str, conditions: dict[str, str] | None) -> None:
     if role not in ROLE_PERMISSIONS:
         raise InvalidInput(f"unknown role {role}; one of {sorted(ROLE_PERMISSIONS)}", field="role")
     if role == FLEET_ADMIN and tenant_id != FLEET_TENANT:
@@ -26,16 +31,37 @@ async def create_caller(
             raise InvalidInput(
                 f"cannot narrow by {key}; one of {BINDING_ATTRIBUTES}", field="where"
             )
-    async with UnitOfWork(db) as uow:
-        if await uow.session.get(Tenant, tenant_id) is None:
-            raise NotFound(f"tenant {tenant_id} not found", field="tenant")
-        caller_id = new_id("caller")
-        uow.session.add(Caller(id=caller_id, tenant_id=tenant_id))
-        uow.session.add(RoleBinding(caller_id=caller_id, role=role, conditions=conditions or {}))
-        await uow.session.flush()
-        token = new_token()
-        uow.session.add(ApiToken(token_hash=token_hash(token), caller_id=caller_id))
+
+
+async def add_caller(
+    uow: UnitOfWork, tenant_id: str, role: str, conditions: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """`create_caller` inside a caller's unit of work (fleet files apply many at once)."""
+    _check_binding(tenant_id, role, conditions)
+    if await uow.session.get(Tenant, tenant_id) is None:
+        raise NotFound(f"tenant {tenant_id} not found", field="tenant")
+    caller_id = new_id("caller")
+    uow.session.add(Caller(id=caller_id, tenant_id=tenant_id))
+    uow.session.add(RoleBinding(caller_id=caller_id, role=role, conditions=conditions or {}))
+    await uow.session.flush()
+    token = new_token()
+    uow.session.add(ApiToken(token_hash=token_hash(token), caller_id=caller_id))
+    await uow.session.flush()
     return caller_id, token
+
+
+async def rebind_caller(
+    uow: UnitOfWork, caller_id: str, role: str, conditions: dict[str, str] | None = None
+) -> None:
+    """Give a caller another role or narrowing; its tokens stay valid."""
+    caller = await uow.session.get(Caller, caller_id)
+    if caller is None:
+        raise NotFound(f"caller {caller_id} not found", field="caller")
+    _check_binding(caller.tenant_id, role, conditions)
+    binding = await uow.session.get_one(RoleBinding, caller_id)
+    binding.role = role
+    binding.conditions = dict(conditions or {})
+    await uow.session.flush()
 
 
 async def create_token(db: Database, caller_id: str) -> str:

@@ -126,3 +126,10 @@ async def test_upgrade_keeps_a_fleet_tenant_that_demo_made(fresh_database_url: s
         return list(connection.scalars(text("SELECT id FROM callers WHERE tenant_id = 'fleet'")))
 
     assert await _run(fresh_database_url, fleet_callers) == ["caller_1"]
+
+
+def test_the_cli_head_constant_is_the_chain_head() -> None:
+    """The CLI skips migrating the embedded default when it is at app.db.head's revision."""
+    from app.db.head import HEAD_REVISION
+
+    assert head_revision() == HEAD_REVISION

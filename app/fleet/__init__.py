@@ -1,0 +1,1 @@
+"""Fleet files: `bettercompute apply` and `export` (ADR 0005)."""
