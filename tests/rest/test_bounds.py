@@ -32,7 +32,9 @@ def _resources(count: int, prefix: str = "r") -> dict[str, int]:
     ],
     ids=["ownerQuota", "offer-quota", "reservation-resources"],
 )
-@pytest.mark.parametrize("size", [MAX_RESOURCES + 1, 100_000])
+# 10,000 keys (about 150 KB) is the largest map the request body limit (1 MiB) lets reach
+# validation; the 100,000 keys is refused before that, with 413.
+@pytest.mark.parametrize("size", [MAX_RESOURCES + 1, 10_000])
 async def test_a_map_of_too_many_resources_is_invalid_input_before_any_lookup(
     api: Api, fleet: Fleet, db: Database, path: str, field: str, body: dict[str, Any], size: int
 ) -> None:
