@@ -58,6 +58,12 @@ class Settings:
     db_acquire_timeout_s: float = 10.0
     db_statement_timeout_s: float = 10.0  # PostgreSQL statement_timeout; SQLite busy_timeout
     readiness_timeout_s: float = 2.0  # /readyz: how long the database may take to answer
+    # Persisted queries on /graphql (docs/graphql.md): automatic, allowlist or off; the
+    # allowlist mode runs only the operations of an Apollo persisted query manifest.
+    persisted_queries: str = "automatic"
+    persisted_queries_manifest: str = ""
+    # Where `npm ci` in web/ put GraphiQL's assets (served under /assets/, no CDN).
+    web_assets_dir: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -87,4 +93,9 @@ class Settings:
             db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 10.0),
             db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 10.0),
             readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
+            persisted_queries=os.environ.get("BETTERCOMPUTE_PERSISTED_QUERIES", "automatic"),
+            persisted_queries_manifest=os.environ.get(
+                "BETTERCOMPUTE_PERSISTED_QUERIES_MANIFEST", ""
+            ),
+            web_assets_dir=os.environ.get("BETTERCOMPUTE_WEB_ASSETS_DIR", ""),
         )
