@@ -29,6 +29,7 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from strawberry.types.unset import UnsetType
 
 from schema.context import Context
+from schema.persisted import PersistedQueries, PersistedQueryError
 
 FORBIDDEN: Final = 4403
 
@@ -53,6 +54,21 @@ def _too_many(limit: int) -> GraphQLFormattedError:
     }
 
 
+def _persisted_query(view: object, payload: Mapping[str, object]) -> str | GraphQLFormattedError:
+    """The document a subscribe/start message runs under the view's persisted-query mode
+    (an allow-list holds for websockets too), or the error that refuses it."""
+    persisted: PersistedQueries = view.persisted  # type: ignore[attr-defined]
+    query, extensions = payload.get("query"), payload.get("extensions")
+    try:
+        resolved = persisted.resolve(
+            query if isinstance(query, str) and query else None,  # "" with a hash: by hash
+            extensions if isinstance(extensions, dict) else None,
+        )
+    except PersistedQueryError as exc:
+        return {"message": exc.message, "extensions": {"code": exc.code}}
+    return resolved if resolved is not None else ""
+
+
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
     async def handle_connection_init(self, message: transport_ws.ConnectionInitMessage) -> None:
         await super().handle_connection_init(message)
@@ -73,6 +89,14 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 )
             )
             return
+        if self.connection_acknowledged:
+            query = _persisted_query(self.view, message["payload"])
+            if not isinstance(query, str):
+                await self.send_message(
+                    transport_ws.ErrorMessage(id=message["id"], type="error", payload=[query])
+                )
+                return
+            message["payload"]["query"] = query
         await super().handle_subscribe(message)
 
 
@@ -129,4 +153,12 @@ class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
                 legacy_ws.ErrorMessage(type="error", id=message["id"], payload=_too_many(limit))
             )
             return
+        if self.connection_acknowledged:
+            query = _persisted_query(self.view, message["payload"])
+            if not isinstance(query, str):
+                await self.send_message(
+                    legacy_ws.ErrorMessage(type="error", id=message["id"], payload=query)
+                )
+                return
+            message["payload"]["query"] = query
         await super().handle_start(message)

@@ -175,3 +175,40 @@ async def test_connection_init_takes_authorization_in_any_case(
                 init = {"type": "connection_init", "payload": {key: f"Bearer {token}"}}
                 await ws.send(json.dumps(init))
                 assert json.loads(await ws.recv())["type"] == "connection_ack", key
+
+
+async def test_the_allowlist_holds_on_websockets(
+    database_url: str, token: str, tmp_path: Path
+) -> None:
+    events = 'subscription { poolEvents(tenantId: "acme", after: "not-a-cursor") { cursor } }'
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({
+        "format": "apollo-persisted-query-manifest",
+        "version": 1,
+        "operations": [{"id": sha256(events), "name": "E", "type": "subscription", "body": events}],
+    }))
+    settings = Settings(
+        database_url=database_url,
+        persisted_queries="allowlist",
+        persisted_queries_manifest=str(manifest),
+    )
+    other = 'subscription { poolEvents(tenantId: "acme") { type } }'
+    async with (
+        served(settings) as (_, address),
+        websockets.connect(
+            f"ws://{address}/graphql", subprotocols=["graphql-transport-ws"]  # type: ignore[list-item]
+        ) as ws,
+    ):
+        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        await ws.send(json.dumps(init))
+        assert json.loads(await ws.recv())["type"] == "connection_ack"
+        await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": other}}))
+        refused = json.loads(await ws.recv())
+        assert refused["type"] == "error" and refused["id"] == "1"
+        assert refused["payload"][0]["extensions"]["code"] == "PERSISTED_QUERY_NOT_ALLOWED"
+        # The registered one runs by its hash: its malformed `after` is the resolver's answer.
+        by_hash = {"query": "", "extensions": apq(events)}
+        await ws.send(json.dumps({"id": "2", "type": "subscribe", "payload": by_hash}))
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "next" and answer["id"] == "2"
+        assert answer["payload"]["errors"][0]["extensions"]["code"] == "INVALID_INPUT"
