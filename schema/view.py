@@ -67,9 +67,9 @@ class GraphQLView(GraphQL[Context, None]):
             return
         request = Request(scope=scope, receive=receive)
         media = negotiate(request.headers.get("accept"))
-        if media is None and not self._wants_ide(request):
-            # GraphQL over HTTP: neither application/graphql-response+json nor
-            # application/json is acceptable.
+        if media is None and _needs_token(request):
+            # A GraphQL request (not GraphiQL's page) for which neither
+            # application/graphql-response+json nor application/json is acceptable.
             await refused(406, "Accept must allow application/graphql-response+json or "
                           "application/json")(scope, receive, send)
             return
@@ -131,14 +131,6 @@ class GraphQLView(GraphQL[Context, None]):
         # A GET with only a persisted query's hash is an operation, not the IDE.
         return "extensions" not in request.query_params and super().should_render_graphql_ide(
             request
-        )
-
-    def _wants_ide(self, request: Request) -> bool:
-        return (
-            self.graphql_ide is not None
-            and request.method == "GET"
-            and not _has_operation(request)
-            and "text/html" in request.headers.get("accept", "")
         )
 
     async def render_graphql_ide(self, request: Request) -> Response:
