@@ -7,6 +7,7 @@ beside them: `/assets/<package>@<version>/LICENSE`."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from functools import cache
@@ -16,14 +17,29 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from strawberry.http.ides import get_graphql_ide_html
 
+logger = logging.getLogger(__name__)
+
 CDN = "https://unpkg.com/"
 ASSETS = "/assets/"
 DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[1] / "web" / "node_modules"
 _ASSET_URL = re.compile(r"https://unpkg\.com/((?:@[\w.-]+/)?[\w.-]+)@([\w.-]+)/([\w./-]+)")
 
 
-def offline_graphiql_html(html: str) -> str:
-    return html.replace(CDN, ASSETS)
+def graphiql_html(assets_dir: str) -> str:
+    """The page on local assets when every pinned package is installed; otherwise
+    strawberry's own page on the CDN (a deployment without `scripts/web-assets`), which
+    still works with internet access."""
+    html = get_graphql_ide_html(graphql_ide="graphiql")
+    root = _root(assets_dir)
+    packages = {(package, version) for package, version, _ in served_files()}
+    if all(_installed_version(root / package) == version for package, version in packages):
+        return html.replace(CDN, ASSETS)
+    logger.warning("GraphiQL's assets are not installed under %s: its page uses the CDN", root)
+    return html
+
+
+def _root(assets_dir: str) -> Path:
+    return Path(assets_dir) if assets_dir else DEFAULT_ASSETS_DIR
 
 
 @cache
@@ -37,7 +53,7 @@ def served_files() -> frozenset[tuple[str, str, str]]:
 
 
 def assets_endpoint(assets_dir: str) -> Callable[[Request], Awaitable[Response]]:
-    root = Path(assets_dir) if assets_dir else DEFAULT_ASSETS_DIR
+    root = _root(assets_dir)
 
     async def assets(request: Request) -> Response:
         package, _, rest = request.path_params["path"].partition("@")

@@ -29,7 +29,7 @@ from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
-from schema.graphiql import offline_graphiql_html
+from schema.graphiql import graphiql_html
 from schema.http_media import (
     GRAPHQL_RESPONSE_JSON,
     is_request_error,
@@ -60,6 +60,7 @@ class GraphQLView(GraphQL[Context, None]):
             else None
         )
         self.persisted = PersistedQueries(settings.persisted_queries, manifest)
+        self._graphiql_html = graphiql_html(settings.web_assets_dir) if settings.graphiql else ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,7 +137,7 @@ class GraphQLView(GraphQL[Context, None]):
     async def render_graphql_ide(self, request: Request) -> Response:
         # GraphiQL with its assets served by this service (schema/graphiql.py): the
         # page works with no internet access.
-        return HTMLResponse(offline_graphiql_html(self.graphql_ide_html))
+        return HTMLResponse(self._graphiql_html)
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> ExecutionResult:
         try:

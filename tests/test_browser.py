@@ -6,6 +6,7 @@ to test-artifacts/ (console.png, graphiql.png)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
@@ -24,33 +26,64 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`bettercompute demo` then `serve` on a SQLite file: (base URL, demo's output)."""
-    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('browser')}/demo.db"
-    seeded = out(url, "demo")
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(BIN), "serve", "--port", str(port)],
-        env={**os.environ, "BETTERCOMPUTE_DATABASE_URL": url},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+class Served:
+    """`bettercompute serve` on a demo database, restartable on the same port."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(BIN), "serve", "--port", str(self.port)],
+            env={**os.environ, "BETTERCOMPUTE_DATABASE_URL": self.url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
+                if httpx.get(f"{self.base}/healthz").status_code == 200:
+                    return
             except httpx.TransportError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.process.poll() is not None:
                     raise
                 time.sleep(0.1)
-        yield base, seeded
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, dict[str, Any]]]:
+    """`bettercompute demo` then `serve` on a SQLite file: (the server, demo's output)."""
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('browser')}/demo.db"
+    seeded = out(url, "demo")
+    server = Served(url)
+    server.start()
+    try:
+        yield server, seeded
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.stop()
+
+
+@pytest.fixture
+def demo(served: tuple[Served, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    return served[0].base, served[1]
+
+
+def update_gpu_model(base: str, token: str, pool_id: str, model: str) -> None:
+    updated = httpx.post(
+        f"{base}/api/compute/pools/update",
+        json={"tenantId": "acme", "poolId": pool_id, "gpuModel": model},
+        headers={"authorization": f"Bearer {token}"},
+    )
+    assert updated.status_code == 200, updated.text
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +133,7 @@ def test_console_shows_the_pools_and_follows_a_rest_update_live(
     assert "H100" in row.inner_text()
     page.wait_for_selector("#status[data-state='live']", timeout=10_000)
 
-    updated = httpx.post(
-        f"{base}/api/compute/pools/update",
-        json={"tenantId": "acme", "poolId": pool_id, "gpuModel": "H100-NVL"},
-        headers={"authorization": f"Bearer {token}"},
-    )
-    assert updated.status_code == 200, updated.text
+    update_gpu_model(base, token, pool_id, "H100-NVL")
     changed_at = time.monotonic()
     page.wait_for_function(
         "id => document.querySelector(`tr[data-pool-id='${id}']`).innerText.includes('H100-NVL')",
@@ -141,3 +169,65 @@ def test_graphiql_renders_with_no_internet_access(
     # The page names no CDN: every script and stylesheet is under /assets/.
     html = httpx.get(f"{base}/graphql", headers={"accept": "text/html"}).text
     assert "unpkg.com" not in html and "/assets/graphiql@3.8.3/" in html
+
+
+def test_graphiql_runs_a_subscription_with_its_headers_pane(
+    demo: tuple[str, dict[str, Any]], browser: Any
+) -> None:
+    """GraphiQL sends the headers pane as the connection_init payload, with the key as
+    typed: {"Authorization": ...}."""
+    base, seeded = demo
+    token = seeded["tokens"]["acme-admin"]
+    pool_id = seeded["pools"]["a100-mig"]
+    page, blocked = offline_page(browser, base)
+    query = 'subscription { poolEvents(tenantId: "acme") { type poolId } }'
+    headers = json.dumps({"Authorization": f"Bearer {token}"})
+    page.goto(f"{base}/graphql?{urlencode({'q': query, 'headers': headers}, quote_via=quote)}")
+    page.click(".graphiql-execute-button", timeout=15_000)
+    result = page.locator(".graphiql-response")
+    # The subscription starts at some point after the click: change the pool until an
+    # event shows (each update is one event), within a deadline.
+    deadline = time.monotonic() + 15
+    n = 0
+    while "pool.updated" not in result.inner_text():
+        assert time.monotonic() < deadline, result.inner_text()
+        n += 1
+        update_gpu_model(base, token, pool_id, f"A100-{n}")
+        page.wait_for_timeout(300)
+    assert pool_id in result.inner_text() and blocked == []
+
+
+def test_console_reconnects_and_resumes_after_the_last_cursor(
+    served: tuple[Served, dict[str, Any]], browser: Any
+) -> None:
+    server, seeded = served
+    base, token = server.base, seeded["tokens"]["acme-admin"]
+    pool_id = seeded["pools"]["l4-timeslice"]
+    page, _ = offline_page(browser, base)
+    sent: list[dict[str, Any]] = []
+    received: list[dict[str, Any]] = []
+    page.on(
+        "websocket",
+        lambda ws: (
+            ws.on("framesent", lambda frame: sent.append(json.loads(frame))),
+            ws.on("framereceived", lambda frame: received.append(json.loads(frame))),
+        ),
+    )
+    page.goto(f"{base}/console")
+    page.fill("#token", token)
+    page.fill("#tenant", "acme")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#status[data-state='live']", timeout=10_000)
+    update_gpu_model(base, token, pool_id, "L4-A")
+    page.wait_for_function("() => document.body.innerText.includes('L4-A')", timeout=5_000)
+    cursor = next(m for m in received if m["type"] == "next")["payload"]["data"]["poolEvents"]
+    server.stop()
+    page.wait_for_selector("#status[data-state='offline']", timeout=10_000)
+    server.start()
+    page.wait_for_selector("#status[data-state='live']", timeout=20_000)
+    update_gpu_model(base, token, pool_id, "L4-B")
+    page.wait_for_function("() => document.body.innerText.includes('L4-B')", timeout=5_000)
+    subscribes = [m for m in sent if m["type"] == "subscribe"]
+    assert len(subscribes) >= 2
+    assert subscribes[0]["payload"]["variables"]["after"] is None
+    assert subscribes[-1]["payload"]["variables"]["after"] == cursor["cursor"]

@@ -16,7 +16,9 @@ import websockets
 
 from app.config import Settings
 from app.server import create_app
+from schema.graphiql import DEFAULT_ASSETS_DIR, served_files
 from schema.persisted import sha256
+from tests.databases import service_unavailable
 from tests.events.conftest import served
 from tests.support import Fleet
 
@@ -212,3 +214,27 @@ async def test_the_allowlist_holds_on_websockets(
         answer = json.loads(await ws.recv())
         assert answer["type"] == "next" and answer["id"] == "2"
         assert answer["payload"]["errors"][0]["extensions"]["code"] == "INVALID_INPUT"
+
+
+async def test_graphiql_assets_are_served_pinned_with_their_licences(
+    database_url: str, tmp_path: Path
+) -> None:
+    if not (DEFAULT_ASSETS_DIR / "graphiql").is_dir():
+        service_unavailable("web/node_modules is not installed (scripts/web-assets)")
+    async with client(Settings(database_url=database_url)) as c:
+        page = (await c.get("/graphql", headers={"accept": "text/html"})).text
+        assert "unpkg.com" not in page
+        for package, version, path in served_files():
+            url = f"/assets/{package}@{version}/{path}"
+            assert url in page or path == "LICENSE"
+            served = await c.get(url)
+            assert served.status_code == 200, url
+        assert "MIT" in (await c.get("/assets/react@18.2.0/LICENSE")).text
+        # Nothing else under node_modules, and never another version under a pinned URL.
+        for url in ("/assets/graphiql@3.8.3/package.json", "/assets/react@18.3.0/LICENSE",
+                    "/assets/graphql-http@1.23.1/LICENSE", "/assets/react@18.2.0/../../x"):
+            assert (await c.get(url)).status_code == 404, url
+    # Without the assets installed, the page falls back to strawberry's CDN page.
+    async with client(Settings(database_url=database_url, web_assets_dir=str(tmp_path))) as c:
+        page = (await c.get("/graphql", headers={"accept": "text/html"})).text
+        assert "https://unpkg.com/graphiql@3.8.3/" in page
