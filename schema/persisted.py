@@ -73,9 +73,7 @@ class PersistedQueries:
                 raise _not_allowed()
             return query
         if self.mode == "off":
-            raise PersistedQueryError(
-                "PERSISTED_QUERY_NOT_SUPPORTED", "PersistedQueryNotSupported"
-            )
+            raise PersistedQueryError("PERSISTED_QUERY_NOT_SUPPORTED", "PersistedQueryNotSupported")
         if (
             not isinstance(persisted, dict)
             or persisted.get("version") != 1

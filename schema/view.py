@@ -71,8 +71,9 @@ class GraphQLView(GraphQL[Context, None]):
         if media is None and _needs_token(request):
             # A GraphQL request (not GraphiQL's page) for which neither
             # application/graphql-response+json nor application/json is acceptable.
-            await refused(406, "Accept must allow application/graphql-response+json or "
-                          "application/json")(scope, receive, send)
+            await refused(
+                406, "Accept must allow application/graphql-response+json or application/json"
+            )(scope, receive, send)
             return
         response_media.set(media or "application/json")
         context = self._context(request, None)

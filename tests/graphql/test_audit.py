@@ -28,8 +28,12 @@ async def test_graphql_over_http_audit(database_url: str, fleet: Fleet) -> None:
     async with served(Settings(database_url=database_url)) as (_, address):
         # Not subprocess.run: the server answers from this event loop.
         audit = await asyncio.create_subprocess_exec(
-            str(node), str(WEB / "audit.mjs"), f"http://{address}/graphql", token,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            str(node),
+            str(WEB / "audit.mjs"),
+            f"http://{address}/graphql",
+            token,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         stdout, stderr = await asyncio.wait_for(audit.communicate(), timeout=120)
     assert audit.returncode == 0, stderr.decode()

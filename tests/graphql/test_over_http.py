@@ -129,7 +129,8 @@ async def test_automatic_persisted_queries(database_url: str, token: str) -> Non
         anonymous = await c.get("/graphql", params=hashed, headers={"accept": GR})
         assert anonymous.status_code == 401
         wrong = await c.post(
-            "/graphql", json={"query": "{ __typename }", "extensions": apq(QUERY)},
+            "/graphql",
+            json={"query": "{ __typename }", "extensions": apq(QUERY)},
             headers=auth(token),
         )
         assert wrong.status_code == 400
@@ -140,11 +141,17 @@ async def test_allowlist_runs_only_registered_operations(
     database_url: str, token: str, tmp_path: Path
 ) -> None:
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({
-        "format": "apollo-persisted-query-manifest",
-        "version": 1,
-        "operations": [{"id": sha256(QUERY), "name": "Catalog", "type": "query", "body": QUERY}],
-    }))
+    manifest.write_text(
+        json.dumps(
+            {
+                "format": "apollo-persisted-query-manifest",
+                "version": 1,
+                "operations": [
+                    {"id": sha256(QUERY), "name": "Catalog", "type": "query", "body": QUERY}
+                ],
+            }
+        )
+    )
     settings = Settings(
         database_url=database_url,
         persisted_queries="allowlist",
@@ -172,7 +179,8 @@ async def test_connection_init_takes_authorization_in_any_case(
     async with served(Settings(database_url=database_url)) as (_, address):
         for key in ("Authorization", "AUTHORIZATION", "authorization"):
             async with websockets.connect(
-                f"ws://{address}/graphql", subprotocols=["graphql-transport-ws"]  # type: ignore[list-item]
+                f"ws://{address}/graphql",
+                subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
             ) as ws:
                 init = {"type": "connection_init", "payload": {key: f"Bearer {token}"}}
                 await ws.send(json.dumps(init))
@@ -184,11 +192,17 @@ async def test_the_allowlist_holds_on_websockets(
 ) -> None:
     events = 'subscription { poolEvents(tenantId: "acme", after: "not-a-cursor") { cursor } }'
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({
-        "format": "apollo-persisted-query-manifest",
-        "version": 1,
-        "operations": [{"id": sha256(events), "name": "E", "type": "subscription", "body": events}],
-    }))
+    manifest.write_text(
+        json.dumps(
+            {
+                "format": "apollo-persisted-query-manifest",
+                "version": 1,
+                "operations": [
+                    {"id": sha256(events), "name": "E", "type": "subscription", "body": events}
+                ],
+            }
+        )
+    )
     settings = Settings(
         database_url=database_url,
         persisted_queries="allowlist",
@@ -198,7 +212,8 @@ async def test_the_allowlist_holds_on_websockets(
     async with (
         served(settings) as (_, address),
         websockets.connect(
-            f"ws://{address}/graphql", subprotocols=["graphql-transport-ws"]  # type: ignore[list-item]
+            f"ws://{address}/graphql",
+            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
         ) as ws,
     ):
         init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
@@ -231,8 +246,12 @@ async def test_graphiql_assets_are_served_pinned_with_their_licences(
             assert served.status_code == 200, url
         assert "MIT" in (await c.get("/assets/react@18.2.0/LICENSE")).text
         # Nothing else under node_modules, and never another version under a pinned URL.
-        for url in ("/assets/graphiql@3.8.3/package.json", "/assets/react@18.3.0/LICENSE",
-                    "/assets/graphql-http@1.23.1/LICENSE", "/assets/react@18.2.0/../../x"):
+        for url in (
+            "/assets/graphiql@3.8.3/package.json",
+            "/assets/react@18.3.0/LICENSE",
+            "/assets/graphql-http@1.23.1/LICENSE",
+            "/assets/react@18.2.0/../../x",
+        ):
             assert (await c.get(url)).status_code == 404, url
     # Without the assets installed, the page falls back to strawberry's CDN page.
     async with client(Settings(database_url=database_url, web_assets_dir=str(tmp_path))) as c:
