@@ -68,6 +68,7 @@ class GraphQLView(GraphQL[Context, None]):
             return
         request = Request(scope=scope, receive=receive)
         media = negotiate(request.headers.get("accept"))
+        response_media.set(media or "application/json")
         if media is None and _needs_token(request):
             # A GraphQL request (not GraphiQL's page) for which neither
             # application/graphql-response+json nor application/json is acceptable.
@@ -75,7 +76,6 @@ class GraphQLView(GraphQL[Context, None]):
                 406, "Accept must allow application/graphql-response+json or application/json"
             )(scope, receive, send)
             return
-        response_media.set(media or "application/json")
         context = self._context(request, None)
         if _needs_token(request):
             # Before the body is read or parsed (docs/decisions/0001); the context keeps
@@ -83,8 +83,9 @@ class GraphQLView(GraphQL[Context, None]):
             try:
                 await context.principal()
             except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
-                # The answer a resolver gave before: 200, data null, the code in errors;
-                # a database out of reach is 503 with Retry-After, as every other failure.
+                # The answer a resolver gave before: 200, data null, the code in errors
+                # (401 without data under application/graphql-response+json); a database
+                # out of reach is 503 with Retry-After, as every other failure.
                 error = to_domain_error(exc)
                 status = error.http_status if error.code == "UNAVAILABLE" else 200
                 await refused_with(error, status_code=status)(scope, receive, send)
