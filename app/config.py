@@ -62,6 +62,12 @@ class Settings:
     # sockets (4403); the largest message a client may send (larger closes with 1009).
     revocation_poll_interval_s: float = 2.0
     websocket_max_message_bytes: int = 1_048_576
+    # Persisted queries on /graphql (docs/graphql.md): automatic, allowlist or off; the
+    # allowlist mode runs only the operations of an Apollo persisted query manifest.
+    persisted_queries: str = "automatic"
+    persisted_queries_manifest: str = ""
+    # Where `npm ci` in web/ put GraphiQL's assets (served under /assets/, no CDN).
+    web_assets_dir: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -93,4 +99,9 @@ class Settings:
             readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
             revocation_poll_interval_s=_float("BETTERCOMPUTE_REVOCATION_POLL_SECONDS", 2.0),
             websocket_max_message_bytes=_int("BETTERCOMPUTE_WS_MAX_MESSAGE_BYTES", 1_048_576),
+            persisted_queries=os.environ.get("BETTERCOMPUTE_PERSISTED_QUERIES", "automatic"),
+            persisted_queries_manifest=os.environ.get(
+                "BETTERCOMPUTE_PERSISTED_QUERIES_MANIFEST", ""
+            ),
+            web_assets_dir=os.environ.get("BETTERCOMPUTE_WEB_ASSETS_DIR", ""),
         )

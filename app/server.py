@@ -5,13 +5,16 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 
 from app.body_limit import BodyLimit
 from app.capacity.service import Capacity
@@ -25,11 +28,20 @@ from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
 from schema.app import build_schema
+from schema.graphiql import assets_endpoint
 from schema.view import GraphQLView
 
 
 async def healthz(_: Request) -> Response:
     return JSONResponse({"ok": True})
+
+
+CONSOLE_DIR = Path(__file__).resolve().parent / "console"
+
+
+async def console_page(_: Request) -> Response:
+    """The live console (app/console/): static HTML and JavaScript, no build step."""
+    return FileResponse(CONSOLE_DIR / "index.html")
 
 
 async def _unhandled(_: Request, exc: Exception) -> Response:
@@ -86,6 +98,21 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # One endpoint for queries, mutations (POST; GET for queries) and both websocket
     # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
     graphql = GraphQLView(build_schema(settings), settings)
+    middleware = [Middleware(BodyLimit, max_bytes=settings.max_body_bytes)]
+    if settings.allowed_origins:
+        # Browser dashboards on those origins (REST and /graphql, preflight included);
+        # off when none is configured. Outermost, so refusals carry the headers too.
+        middleware.insert(
+            0,
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(settings.allowed_origins),
+                allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                allow_headers=["authorization", "content-type", "accept"],
+                expose_headers=["retry-after"],
+                max_age=600,
+            ),
+        )
     return Starlette(
         routes=[
             *routes(),
@@ -93,9 +120,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
+            # GraphiQL's pinned assets (schema/graphiql.py) and the live console page.
+            Route("/assets/{path:path}", assets_endpoint(settings.web_assets_dir)),
+            Route("/console", console_page),
+            Mount("/console/static", StaticFiles(directory=CONSOLE_DIR)),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
+        middleware=middleware,
         exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
 

@@ -49,7 +49,11 @@ class Context:
         connection_init payload (`{"authorization": "Bearer ..."}`), CONTRACT section 2."""
         header = self.request.headers.get("authorization")
         if header is None and self.connection_params is not None:
-            value = self.connection_params.get("authorization")
+            # Any case: GraphiQL sends its headers pane as is ({"Authorization": ...}).
+            value = next(
+                (v for k, v in self.connection_params.items() if k.lower() == "authorization"),
+                None,
+            )
             header = value if isinstance(value, str) else None
         return header
 

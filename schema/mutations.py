@@ -5,7 +5,7 @@ opens exactly one unit of work."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import strawberry
 
@@ -28,6 +28,52 @@ from schema.types.payloads import PoolPayload, ReservationPayload, UnofferPoolPa
 from schema.types.reservation import Reservation
 
 Info = strawberry.Info[Context, None]
+
+# Each mutation's `input` argument, described (GraphiQL and the SDL show it).
+CreatePoolArgument = Annotated[
+    CreatePoolInput,
+    strawberry.argument(
+        description=(
+            "The seed's `create` input (CONTRACT section 5): the tenant, site, class, GPU "
+            "model, policy and the owner's quota rows."
+        )
+    ),
+]
+OfferPoolArgument = Annotated[
+    OfferPoolInput,
+    strawberry.argument(
+        description=(
+            "The seed's `offer` input: the pool, the tenant it goes to and that tenant's "
+            "quota rows."
+        )
+    ),
+]
+UnofferPoolArgument = Annotated[
+    UnofferPoolInput,
+    strawberry.argument(
+        description=(
+            "The seed's `unoffer` input: the pool and the tenant whose offer is withdrawn."
+        )
+    ),
+]
+UpdatePoolArgument = Annotated[
+    UpdatePoolInput,
+    strawberry.argument(
+        description="The seed's `update` input: the pool, and a new policy, GPU model or both."
+    ),
+]
+ArchivePoolArgument = Annotated[
+    ArchivePoolInput,
+    strawberry.argument(description="The seed's `archive` input: the pool to archive."),
+]
+CreateReservationArgument = Annotated[
+    CreateReservationInput,
+    strawberry.argument(description="The pool and the resources to book for the acting tenant."),
+]
+ReleaseReservationArgument = Annotated[
+    ReleaseReservationInput,
+    strawberry.argument(description="The reservation to end."),
+]
 
 
 class SeedInput(Protocol):
@@ -61,7 +107,7 @@ class Mutation:
         description="The seed's `create`: a pool on a site the tenant owns, with the owner's "
         "quota rows and an empty rollup, at version 1. Emits pool.created."
     )
-    async def create_pool(self, info: Info, input: CreatePoolInput) -> PoolPayload:
+    async def create_pool(self, info: Info, input: CreatePoolArgument) -> PoolPayload:
         detail = await _call(info, "pools", "create", input)
         return await _pool_payload(info, input.tenant_id, detail)
 
@@ -70,7 +116,7 @@ class Mutation:
         "a quota, or updates the offer; returns the pool as that tenant sees it. "
         "Emits pool.offered."
     )
-    async def offer_pool(self, info: Info, input: OfferPoolInput) -> PoolPayload:
+    async def offer_pool(self, info: Info, input: OfferPoolArgument) -> PoolPayload:
         detail = await _call(info, "pools", "offer", input)
         return await _pool_payload(info, input.tenant_id, detail)
 
@@ -78,14 +124,14 @@ class Mutation:
         description="The seed's `unoffer`: withdraws a pool's offer from a tenant, whose rows "
         "drop to what is in use. Emits pool.unoffered only when an offer was removed."
     )
-    async def unoffer_pool(self, info: Info, input: UnofferPoolInput) -> UnofferPoolPayload:
+    async def unoffer_pool(self, info: Info, input: UnofferPoolArgument) -> UnofferPoolPayload:
         return UnofferPoolPayload(removed=await _call(info, "pools", "unoffer", input))
 
     @strawberry.mutation(
         description="The seed's `update`: replaces the policy, the GPU model or both, and "
         "returns the pool with its version incremented. Emits pool.updated."
     )
-    async def update_pool(self, info: Info, input: UpdatePoolInput) -> PoolPayload:
+    async def update_pool(self, info: Info, input: UpdatePoolArgument) -> PoolPayload:
         detail = await _call(info, "pools", "update", input)
         return await _pool_payload(info, input.tenant_id, detail)
 
@@ -93,7 +139,7 @@ class Mutation:
         description="The seed's `archive`: removes every offer and stops new work; live "
         "reservations keep their bookings. Emits pool.archived."
     )
-    async def archive_pool(self, info: Info, input: ArchivePoolInput) -> PoolPayload:
+    async def archive_pool(self, info: Info, input: ArchivePoolArgument) -> PoolPayload:
         detail = await _call(info, "pools", "archive", input)
         return await _pool_payload(info, input.tenant_id, detail)
 
@@ -102,7 +148,7 @@ class Mutation:
         "pool's available capacity (RESOURCE_EXHAUSTED when either would be exceeded)."
     )
     async def create_reservation(
-        self, info: Info, input: CreateReservationInput
+        self, info: Info, input: CreateReservationArgument
     ) -> ReservationPayload:
         return _reservation(await _call(info, "reservations", "create", input))
 
@@ -110,6 +156,6 @@ class Mutation:
         description="Ends a reservation and returns its bookings; releasing twice is a no-op."
     )
     async def release_reservation(
-        self, info: Info, input: ReleaseReservationInput
+        self, info: Info, input: ReleaseReservationArgument
     ) -> ReservationPayload:
         return _reservation(await _call(info, "reservations", "release", input))

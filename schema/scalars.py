@@ -39,6 +39,8 @@ LONG = strawberry.scalar(
         "Int). Sent as a JSON number, as REST sends it; JavaScript clients lose precision "
         "above 2^53."
     ),
+    # IBM's Long: a 64-bit signed integer as a JSON number (our upper bound is MAX_AMOUNT).
+    specified_by_url="https://ibm.github.io/graphql-specs/custom-scalars/long.html",
     serialize=_long_value,
     parse_value=_long_value,
     parse_literal=_long_literal,
@@ -52,7 +54,11 @@ def _timestamp(value: datetime) -> str:
 
 DATETIME = strawberry.scalar(
     name="DateTime",
-    description="A point in time, ISO 8601 in UTC with a trailing Z, as REST prints it.",
+    description=(
+        "A point in time: an RFC 3339 date-time in UTC with a trailing Z "
+        "(`2026-05-01T12:00:00.123456Z`), as REST prints it."
+    ),
+    specified_by_url="https://scalars.graphql.org/andimarek/date-time",
     serialize=_timestamp,
     parse_value=datetime.fromisoformat,
 )

@@ -9,15 +9,17 @@ from typing import Any
 import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema import BaseSchema
+from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.types import ExecutionResult
+from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UnsetType
 
 from app.capacity.errors import DomainError
@@ -27,6 +29,15 @@ from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
+from schema.graphiql import graphiql_html
+from schema.http_media import (
+    GRAPHQL_RESPONSE_JSON,
+    is_request_error,
+    negotiate,
+    request_error_status,
+    response_media,
+)
+from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
     BackendUnavailable,
     LegacyWSHandler,
@@ -48,12 +59,28 @@ class GraphQLView(GraphQL[Context, None]):
             allowed_origins=settings.allowed_origins,
         )
         self.settings = settings
+        manifest = (
+            load_manifest(settings.persisted_queries_manifest)
+            if settings.persisted_queries_manifest
+            else None
+        )
+        self.persisted = PersistedQueries(settings.persisted_queries, manifest)
+        self._graphiql_html = graphiql_html(settings.web_assets_dir) if settings.graphiql else ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
         request = Request(scope=scope, receive=receive)
+        media = negotiate(request.headers.get("accept"))
+        response_media.set(media or "application/json")
+        if media is None and _needs_token(request):
+            # A GraphQL request (not GraphiQL's page) for which neither
+            # application/graphql-response+json nor application/json is acceptable.
+            await refused(
+                406, "Accept must allow application/graphql-response+json or application/json"
+            )(scope, receive, send)
+            return
         context = self._context(request, None)
         if _needs_token(request):
             # Before the body is read or parsed (docs/decisions/0001); the context keeps
@@ -61,8 +88,9 @@ class GraphQLView(GraphQL[Context, None]):
             try:
                 await context.principal()
             except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
-                # The answer a resolver gave before: 200, data null, the code in errors;
-                # a database out of reach is 503 with Retry-After, as every other failure.
+                # The answer a resolver gave before: 200, data null, the code in errors
+                # (401 without data under application/graphql-response+json); a database
+                # out of reach is 503 with Retry-After, as every other failure.
                 error = to_domain_error(exc)
                 status = error.http_status if error.code == "UNAVAILABLE" else 200
                 await refused_with(error, status_code=status)(scope, receive, send)
@@ -71,6 +99,8 @@ class GraphQLView(GraphQL[Context, None]):
             response = await self.run(request, context=context)
         except HTTPException as exc:
             response = refused(exc.status_code, exc.reason)
+        except PersistedQueryError as exc:
+            response = refused(400, exc.message, code=exc.code)
         except Exception as exc:  # the body limit (413), or a failure outside GraphQL
             error = to_domain_error(exc)  # logs what it masks
             response = refused_with(error, status_code=error.http_status)
@@ -100,7 +130,34 @@ class GraphQLView(GraphQL[Context, None]):
             body = self.decode_json(await request.get_body())  # bad JSON: 400 in run()
             if not isinstance(body, dict | list):
                 raise HTTPException(400, "the request body must be a JSON object")
-        return await super().parse_http_body(request)
+        data = await super().parse_http_body(request)
+        if isinstance(data, GraphQLRequestData):
+            data.query = self.persisted.resolve(data.query, data.extensions)
+        return data
+
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        # A GET with only a persisted query's hash is an operation, not the IDE.
+        return "extensions" not in request.query_params and super().should_render_graphql_ide(
+            request
+        )
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        # GraphiQL with its assets served by this service (schema/graphiql.py): the
+        # page works with no internet access.
+        return HTMLResponse(self._graphiql_html)
+
+    async def execute_single(self, *args: Any, **kwargs: Any) -> ExecutionResult:
+        try:
+            return await super().execute_single(*args, **kwargs)
+        except HTTPException as exc:
+            cause = exc.__cause__
+            if (
+                isinstance(cause, InvalidOperationTypeError)
+                and cause.operation_type == OperationType.MUTATION
+            ):
+                # GraphQL over HTTP: a mutation by GET is 405 (Allow: POST).
+                raise HTTPException(405, exc.reason) from exc
+            raise
 
     def encode_json(self, data: object) -> bytes:
         return orjson.dumps(data)
@@ -115,7 +172,13 @@ class GraphQLView(GraphQL[Context, None]):
         # strawberry reports outside the operation's hooks.
         if result.errors:
             result.errors = [coded(e) for e in result.errors]
-        return await super().process_result(request, result)
+        processed = await super().process_result(request, result)
+        if response_media.get() == GRAPHQL_RESPONSE_JSON and is_request_error(
+            result.data, result.errors
+        ):
+            # An error before execution: no `data` entry (GraphQL over HTTP).
+            processed.pop("data", None)
+        return processed
 
     def create_response(
         self,
@@ -123,6 +186,10 @@ class GraphQLView(GraphQL[Context, None]):
         sub_response: Response,
     ) -> Response:
         response = super().create_response(response_data, sub_response)
+        if response_media.get() == GRAPHQL_RESPONSE_JSON:
+            response.headers["content-type"] = f"{GRAPHQL_RESPONSE_JSON}; charset=utf-8"
+            if isinstance(response_data, dict) and "data" not in response_data:
+                response.status_code = request_error_status(response_data.get("errors") or [])  # type: ignore[arg-type]
         if isinstance(response_data, dict) and _unavailable(response_data):
             # The body keeps GraphQL's shape; the status and Retry-After tell HTTP clients
             # and proxies, as on REST, that the operation failed for now and may be retried.
@@ -163,28 +230,50 @@ def _unavailable(response_data: GraphQLHTTPResponse) -> bool:
     return False
 
 
+def _has_operation(request: Request) -> bool:
+    return "query" in request.query_params or "extensions" in request.query_params
+
+
 def _needs_token(request: Request) -> bool:
     """Every GraphQL request carries a token (CONTRACT section 2), except a GET without
-    a query: GraphiQL's page, or strawberry's own refusal of an empty request."""
-    return request.method != "GET" or "query" in request.query_params
+    a query (or a persisted query's hash): GraphiQL's page, or strawberry's own refusal
+    of an empty request."""
+    return request.method != "GET" or _has_operation(request)
 
 
 def refused_with(error: DomainError, status_code: int) -> Response:
     """A domain error raised before any GraphQL ran, in GraphQL's error shape."""
-    body: dict[str, Any] = {
-        "data": None,
-        "errors": [{"message": error.message, "extensions": {"code": error.code, **error.details}}],
-    }
-    headers = {"retry-after": str(RETRY_AFTER_S)} if error.code == "UNAVAILABLE" else None
-    return JSONResponse(body, status_code=status_code, headers=headers)
+    headers = {"retry-after": str(RETRY_AFTER_S)} if error.code == "UNAVAILABLE" else {}
+    if error.code == "UNAUTHENTICATED" and response_media.get() == GRAPHQL_RESPONSE_JSON:
+        # application/json keeps the 200 clients had; the newer media type says 401.
+        status_code = 401
+        headers["www-authenticate"] = "Bearer"
+    return _request_error(
+        {"message": error.message, "extensions": {"code": error.code, **error.details}},
+        status_code,
+        headers,
+    )
 
 
-def refused(status_code: int, reason: str) -> Response:
+def refused(status_code: int, reason: str, code: str | None = None) -> Response:
     """A request refused before parsing GraphQL (bad JSON, no query, batching, GET for a
     mutation...): GraphQL's error shape with a code."""
-    code = "NOT_FOUND" if status_code == 404 else INVALID_INPUT
-    body: dict[str, Any] = {
-        "data": None,
-        "errors": [{"message": reason, "extensions": {"code": code}}],
-    }
-    return JSONResponse(body, status_code=status_code)
+    if code is None:
+        code = "NOT_FOUND" if status_code == 404 else INVALID_INPUT
+    elif code.startswith("PERSISTED_QUERY") and response_media.get() != GRAPHQL_RESPONSE_JSON:
+        status_code = 200  # a persisted query's answer, as Apollo's clients expect it
+    headers = {"allow": "POST"} if status_code == 405 else {}
+    return _request_error({"message": reason, "extensions": {"code": code}}, status_code, headers)
+
+
+def _request_error(error: dict[str, Any], status_code: int, headers: dict[str, str]) -> Response:
+    """No `data` entry under application/graphql-response+json (an error before
+    execution); `data: null` under application/json, as before."""
+    if response_media.get() == GRAPHQL_RESPONSE_JSON:
+        return JSONResponse(
+            {"errors": [error]},
+            status_code=status_code,
+            headers=headers,
+            media_type=f"{GRAPHQL_RESPONSE_JSON}; charset=utf-8",
+        )
+    return JSONResponse({"data": None, "errors": [error]}, status_code=status_code, headers=headers)

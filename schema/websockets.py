@@ -40,6 +40,7 @@ from app.db.errors import to_domain_error
 from app.iam.callers import bearer_token_hash
 from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
+from schema.persisted import PersistedQueries, PersistedQueryError
 
 # RFC 6455 "Try Again Later": the connection could not be authenticated because the
 # database is out of reach, which is no reason for a client to give up (4403 would be).
@@ -150,6 +151,21 @@ def _too_many(limit: int) -> GraphQLFormattedError:
     }
 
 
+def _persisted_query(view: object, payload: Mapping[str, object]) -> str | GraphQLFormattedError:
+    """The document a subscribe/start message runs under the view's persisted-query mode
+    (an allow-list holds for websockets too), or the error that refuses it."""
+    persisted: PersistedQueries = view.persisted  # type: ignore[attr-defined]
+    query, extensions = payload.get("query"), payload.get("extensions")
+    try:
+        resolved = persisted.resolve(
+            query if isinstance(query, str) and query else None,  # "" with a hash: by hash
+            extensions if isinstance(extensions, dict) else None,
+        )
+    except PersistedQueryError as exc:
+        return {"message": exc.message, "extensions": {"code": exc.code}}
+    return resolved if resolved is not None else ""
+
+
 class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Context, None]):
     websocket: TextFrames
 
@@ -200,6 +216,14 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
                 )
             )
             return
+        if self.connection_acknowledged:
+            query = _persisted_query(self.view, message["payload"])
+            if not isinstance(query, str):
+                await self.send_message(
+                    transport_ws.ErrorMessage(id=message["id"], type="error", payload=[query])
+                )
+                return
+            message["payload"]["query"] = query
         await super().handle_subscribe(message)
 
 
@@ -299,4 +323,12 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
                 legacy_ws.ErrorMessage(type="error", id=message["id"], payload=_too_many(limit))
             )
             return
+        if self.connection_acknowledged:
+            query = _persisted_query(self.view, message["payload"])
+            if not isinstance(query, str):
+                await self.send_message(
+                    legacy_ws.ErrorMessage(type="error", id=message["id"], payload=query)
+                )
+                return
+            message["payload"]["query"] = query
         await super().handle_start(message)

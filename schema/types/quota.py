@@ -19,6 +19,7 @@ class Quota:
     )
     max: Long = strawberry.field(
         description="The most the tenant may book; never below `used` (an offer below what "
-        "is in use is raised to it)."
+        "is in use is raised to it). 2147483647 (2^31 - 1, the seed's default owner quota "
+        "when `create` names none) means unlimited: only the pool's capacity bounds it."
     )
     used: Long = strawberry.field(description="What the tenant's live reservations hold.")

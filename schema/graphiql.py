@@ -1,0 +1,85 @@
+"""GraphiQL with no internet access: strawberry's page, its CDN URLs pointed at
+`/assets/`, which serves the same pinned files from `web/node_modules` (`npm ci` in web/,
+versions in web/package.json). The page keeps its subresource-integrity hashes, so the
+browser checks that each local file is the exact pinned build. Licences are served
+beside them: `/assets/<package>@<version>/LICENSE`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from functools import cache
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from strawberry.http.ides import get_graphql_ide_html
+
+logger = logging.getLogger(__name__)
+
+CDN = "https://unpkg.com/"
+ASSETS = "/assets/"
+DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[1] / "web" / "node_modules"
+_ASSET_URL = re.compile(r"https://unpkg\.com/((?:@[\w.-]+/)?[\w.-]+)@([\w.-]+)/([\w./-]+)")
+
+
+def graphiql_html(assets_dir: str) -> str:
+    """The page on local assets when every pinned package is installed; otherwise
+    strawberry's own page on the CDN (a deployment without `scripts/web-assets`), which
+    still works with internet access."""
+    html = get_graphql_ide_html(graphql_ide="graphiql")
+    root = _root(assets_dir)
+    packages = {(package, version) for package, version, _ in served_files()}
+    if all(_installed_version(root / package) == version for package, version in packages):
+        return html.replace(CDN, ASSETS)
+    logger.warning("GraphiQL's assets are not installed under %s: its page uses the CDN", root)
+    return html
+
+
+def _root(assets_dir: str) -> Path:
+    return Path(assets_dir) if assets_dir else DEFAULT_ASSETS_DIR
+
+
+@cache
+def served_files() -> frozenset[tuple[str, str, str]]:
+    """(package, version, path) of every file GraphiQL's page loads, and each package's
+    licence: nothing else under node_modules is served."""
+    files = set(_ASSET_URL.findall(get_graphql_ide_html(graphql_ide="graphiql")))
+    for package, version in {(p, v) for p, v, _ in files}:
+        files.add((package, version, "LICENSE"))
+    return frozenset(files)
+
+
+def assets_endpoint(assets_dir: str) -> Callable[[Request], Awaitable[Response]]:
+    root = _root(assets_dir)
+
+    async def assets(request: Request) -> Response:
+        package, _, rest = request.path_params["path"].partition("@")
+        if package == "" and rest.count("@") == 1:  # a scoped package: @scope/name@version
+            scope_name, _, rest = rest.partition("@")
+            package = "@" + scope_name
+        version, _, path = rest.partition("/")
+        if (package, version, path) not in served_files():
+            return PlainTextResponse("not found", status_code=404)
+        package_dir = root / package
+        installed = _installed_version(package_dir)
+        if installed != version:  # never serve another build under a pinned URL
+            return PlainTextResponse(
+                f"{package}@{version} is not installed (run scripts/web-assets)", status_code=404
+            )
+        file = package_dir / path
+        if path == "LICENSE" and not file.exists():
+            file = package_dir / "package.json"  # its `license` field, when no file ships
+        return FileResponse(file, headers={"cache-control": "public, max-age=31536000, immutable"})
+
+    return assets
+
+
+def _installed_version(package_dir: Path) -> str | None:
+    try:
+        version = json.loads((package_dir / "package.json").read_text()).get("version")
+    except (OSError, ValueError):
+        return None
+    return version if isinstance(version, str) else None
