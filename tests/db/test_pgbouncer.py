@@ -82,9 +82,7 @@ async def test_many_connections_share_two_server_connections(
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
-async def test_migrations_run_behind_pgbouncer(
-    fresh_database_url: str, bouncer: PgBouncer
-) -> None:
+async def test_migrations_run_behind_pgbouncer(fresh_database_url: str, bouncer: PgBouncer) -> None:
     url = through(bouncer, fresh_database_url)
     await upgrade(url)
     engine = migration_engine(url)
