@@ -93,17 +93,32 @@ async def test_subscribers_resuming_while_pruning_runs_miss_nothing(
                     last, last_n = collector.events[-1].seq, ns[-1]
                 outcomes["resumed"] += 1
                 # Fall behind now and then, so some cursors age past the window.
-                await asyncio.sleep(0.05 if outcomes["resumed"] % 4 else 1.2)
+                # Resume with cursors about as old as the pruner's window, some just
+                # inside it and some just out: the edge where a prune can race a replay.
+                await asyncio.sleep(0.2 + 0.05 * (outcomes["resumed"] % 6))
 
-        tasks = [asyncio.create_task(writer())] + [asyncio.create_task(resumer()) for _ in range(4)]
+        async def pruner() -> None:
+            # Far more often than the relay's own pruner, so prunes land between a
+            # replay's reads.
+            while not stop.is_set():
+                older_than = datetime.now(UTC) - timedelta(seconds=0.3)
+                async with capacity.db.writer.begin() as conn:
+                    await prune_events(conn, older_than, limit=50)
+                await asyncio.sleep(0.005)
+
+        tasks = [asyncio.create_task(writer()), asyncio.create_task(pruner())] + [
+            asyncio.create_task(resumer()) for _ in range(8)
+        ]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (outcomes["resumed"] < 40 or outcomes["expired"] < 1):
+        while time.monotonic() < deadline and (
+            outcomes["resumed"] < 150 or outcomes["expired"] < 1
+        ):
             await asyncio.sleep(0.1)
             if any(t.done() for t in tasks):
                 break
         stop.set()
         await asyncio.gather(*tasks)
-        assert outcomes["resumed"] >= 40
+        assert outcomes["resumed"] >= 150
         assert outcomes["expired"] >= 1
 
 
