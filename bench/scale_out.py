@@ -319,13 +319,6 @@ async def measure(args: argparse.Namespace, processes: int, url: str, logs: Path
                 await asyncio.sleep(0.05)
         row.connections["events"] = peak["peak"]
 
-        # The commit-order lock's ceiling: one-event transactions from 32 writers.
-        async def write_one(w: int, i: int) -> bool:
-            tenant = tenants[(w + i) % len(tenants)]
-            await producer.emit(seeded.tenants[tenant][0], tenant)
-            return True
-
-        row.outbox, _ = await drive(args.seconds, 32, write_one)
         latencies = [
             (received - producer.committed[seq]) * 1000
             for s in subscribers
@@ -336,6 +329,14 @@ async def measure(args: argparse.Namespace, processes: int, url: str, logs: Path
         if latencies:
             row.p50_ms = percentile(latencies, 0.5)
             row.p99_ms = percentile(latencies, 0.99)
+
+        # The commit-order lock's ceiling: one-event transactions from 32 writers.
+        async def write_one(w: int, i: int) -> bool:
+            tenant = tenants[(w + i) % len(tenants)]
+            await producer.emit(seeded.tenants[tenant][0], tenant)
+            return True
+
+        row.outbox, _ = await drive(args.seconds, 32, write_one)
         return row
     finally:
         for s in subscribers:
