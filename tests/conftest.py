@@ -45,6 +45,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: runs against the {name} database")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that narrows `dialect` with its own parametrize loses the fixture's marks:
+    mark it by the dialect it runs on, so `-m postgresql` selects it too."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("dialect") if callspec is not None else None
+        if name in DIALECTS and not item.get_closest_marker(name):
+            item.add_marker(getattr(pytest.mark, name))
+
+
 # --- databases ---------------------------------------------------------------------
 
 

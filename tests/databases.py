@@ -3,6 +3,10 @@
 PostgreSQL databases are created on the server at BETTERCOMPUTE_TEST_POSTGRES_URL
 (`bc_test_<hex>`) and dropped when the run ends; SQLite databases are files in a
 temporary directory. Nothing is created for a dialect no test asks for.
+
+With BETTERCOMPUTE_TEST_PGBOUNCER=1 the run starts its own PgBouncer in transaction mode
+(tests/pgbouncer.py) and every PostgreSQL URL handed to the code under test points at it
+(`?pgbouncer=true`); creating, emptying and dropping databases still go direct.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from app.db.engine import behind_pgbouncer
 from app.db.migrate import upgrade
 from app.db.models import Base, Tenant
 from app.iam.roles import FLEET_TENANT
+from tests.pgbouncer import PgBouncer
 
 POSTGRES_URL = os.environ.get(
     "BETTERCOMPUTE_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -30,6 +36,21 @@ REDIS_URL = os.environ.get("BETTERCOMPUTE_TEST_REDIS_URL", "redis://127.0.0.1:63
 DIALECTS = ("sqlite", "postgresql")
 # Long enough for a busy machine; an unreachable server still fails (or skips) quickly.
 CONNECT_TIMEOUT_S = 15.0
+
+
+def pgbouncer_requested() -> bool:
+    value = os.environ.get("BETTERCOMPUTE_TEST_PGBOUNCER", "")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def direct_url(url: str) -> str:
+    """`url` as a direct connection to the PostgreSQL server, bypassing any PgBouncer: for
+    what transaction pooling cannot carry (LISTEN, admin operations)."""
+    parsed, pgbouncer = behind_pgbouncer(url)
+    if not pgbouncer:
+        return url
+    server = make_url(POSTGRES_URL)
+    return parsed.set(host=server.host, port=server.port).render_as_string(hide_password=False)
 
 
 def services_required() -> bool:
@@ -56,7 +77,7 @@ def _plain_engine(url: str) -> AsyncEngine:
 async def empty_tables(url: str) -> None:
     """Delete every row of every model table but the built-in fleet tenant, which the
     database refuses to delete (migration 0002); keep alembic_version. Sequences restart."""
-    engine = _plain_engine(url)
+    engine = _plain_engine(direct_url(url))
     tables = [t for t in Base.metadata.sorted_tables if t is not Tenant.__table__]
     tenants = delete(Tenant).where(Tenant.id != FLEET_TENANT)
     try:
@@ -93,6 +114,7 @@ class TestDatabases:
         self._postgres_databases: list[str] = []
         self._postgres_error: str | None = None
         self._postgres_checked = False
+        self._pgbouncer: PgBouncer | None = None
 
     async def migrated(self, dialect: str) -> str:
         """The run's database for `dialect`, migrated to head on first use."""
@@ -117,7 +139,12 @@ class TestDatabases:
         finally:
             await admin.dispose()
         self._postgres_databases.append(name)
-        return make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        url = make_url(POSTGRES_URL).set(database=name)
+        if self._pgbouncer is not None:
+            url = url.set(host="127.0.0.1", port=self._pgbouncer.port).update_query_dict(
+                {"pgbouncer": "true"}
+            )
+        return url.render_as_string(hide_password=False)
 
     async def drop(self, url: str) -> None:
         parsed = make_url(url)
@@ -135,6 +162,9 @@ class TestDatabases:
             await self._drop_postgres(self._postgres_databases)
         self._postgres_databases = []
         self._migrated.clear()
+        if self._pgbouncer is not None:
+            self._pgbouncer.stop()
+            self._pgbouncer = None
 
     def _postgres_admin(self) -> AsyncEngine:
         return create_async_engine(
@@ -155,6 +185,14 @@ class TestDatabases:
                 self._postgres_error = f"{type(exc).__name__}: {exc}"
             finally:
                 await admin.dispose()
+            if self._postgres_error is None and pgbouncer_requested():
+                server = make_url(POSTGRES_URL)
+                try:
+                    self._pgbouncer = await PgBouncer.start(
+                        server.host or "127.0.0.1", server.port or 5432, server.username
+                    )
+                except Exception as exc:  # no pgbouncer binary, or it would not start
+                    self._postgres_error = f"PgBouncer: {type(exc).__name__}: {exc}"
         if self._postgres_error is not None:
             where = make_url(POSTGRES_URL).render_as_string(hide_password=True)
             service_unavailable(f"PostgreSQL unreachable at {where}: {self._postgres_error}")

@@ -9,6 +9,13 @@ Everything that waits on the database is bounded (app/config.py, README "Connect
 budget"): opening a connection, taking one from the pool, and each statement, so a
 database that refuses, drops or stops answering turns into UNAVAILABLE in bounded time
 instead of requests that hang for as long as the outage lasts.
+
+Behind PgBouncer in transaction mode (a PostgreSQL URL with `?pgbouncer=true`, README
+"Connection budget") a server connection serves one transaction and then another client:
+nothing may outlive a transaction. So statements are not cached per connection and each
+prepared statement gets a unique name (SQLAlchemy's asyncpg "Prepared Statement Name with
+PGBouncer"), and statement_timeout, a startup parameter PgBouncer refuses, is set with
+SET LOCAL at the start of each transaction instead.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.config import Settings
@@ -27,6 +35,38 @@ from app.config import Settings
 # statement is cancelled by the server (the connection stays usable) and the client's
 # bound only fires when the server does not answer at all.
 _CLIENT_STATEMENT_MARGIN_S = 1.0
+# The URL query flag that says a PostgreSQL URL points at PgBouncer in transaction mode
+# (the name other clients, Prisma among them, use for the same thing).
+PGBOUNCER_FLAG = "pgbouncer"
+
+
+def behind_pgbouncer(url: str | URL) -> tuple[URL, bool]:
+    """`url` without the pgbouncer flag, and whether the flag was set."""
+    parsed = make_url(url)
+    value = parsed.query.get(PGBOUNCER_FLAG)
+    if value is None:
+        return parsed, False
+    flag = value[-1] if isinstance(value, tuple) else value
+    return parsed.difference_update_query([PGBOUNCER_FLAG]), flag.strip().lower() in {
+        "1",
+        "true",
+        "yes",
+        "on",
+    }
+
+
+def _unique_statement_name() -> str:
+    return f"__asyncpg_{uuid4()}__"
+
+
+def pgbouncer_connect_args() -> dict[str, Any]:
+    """asyncpg connect arguments safe under transaction pooling: no statement cache and
+    statement names no two server connections can share."""
+    return {
+        "statement_cache_size": 0,
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": _unique_statement_name,
+    }
 
 
 @dataclass(frozen=True)
@@ -89,19 +129,30 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout_ms)
         _configure_sqlite(reader, "BEGIN", busy_timeout_ms)
         return Database(url, writer, reader)
+    target, pgbouncer = behind_pgbouncer(url)
+    statement_timeout = str(max(1, round(s.db_statement_timeout_s * 1000)))
+    connect_args: dict[str, Any] = {
+        "timeout": s.db_connect_timeout_s,
+        "command_timeout": s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
+    }
+    if pgbouncer:
+        connect_args |= pgbouncer_connect_args()
+    else:
+        connect_args["server_settings"] = {"statement_timeout": statement_timeout}
     engine = create_async_engine(
-        url,
+        target,
         pool_size=s.db_pool_size,
         max_overflow=s.db_max_overflow,
         pool_timeout=s.db_acquire_timeout_s,
         pool_pre_ping=True,
         hide_parameters=True,
-        connect_args={
-            "timeout": s.db_connect_timeout_s,
-            "command_timeout": s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
-            "server_settings": {
-                "statement_timeout": str(max(1, round(s.db_statement_timeout_s * 1000)))
-            },
-        },
+        connect_args=connect_args,
     )
+    if pgbouncer:
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(connection: Any) -> None:
+            # SET LOCAL ends with the transaction, as the server connection's loan does.
+            connection.exec_driver_sql(f"SET LOCAL statement_timeout = {statement_timeout}")
+
     return Database(url, engine, engine)

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 import migrations
+from app.db.engine import behind_pgbouncer, pgbouncer_connect_args
 
 # Held for the migrating transaction (pg_advisory_xact_lock); any constant works,
 # it only has to be the same in every process of the service.
@@ -59,7 +60,9 @@ def head_revision() -> str:
 def migration_engine(url: str) -> AsyncEngine:
     """An engine for migrating. SQLite keeps foreign keys OFF (batch operations
     recreate tables) and takes the write lock up front, waiting for it if busy."""
-    engine = create_async_engine(url, poolclass=NullPool)
+    target, pgbouncer = behind_pgbouncer(url)
+    connect_args = pgbouncer_connect_args() if pgbouncer else {}
+    engine = create_async_engine(target, poolclass=NullPool, connect_args=connect_args)
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine.sync_engine, "connect")

@@ -106,10 +106,11 @@ async def _audiences(
     return found
 
 
-async def prune_events(executor: Executor, older_than: datetime) -> int:
+async def prune_events(executor: Executor, older_than: datetime, limit: int | None = None) -> int:
     """Delete events that occurred before `older_than`, as a prefix of the seq order, and
     never the newest one: SQLite numbers a new row max(seq) + 1, so keeping the newest
-    keeps seqs from ever going back. Returns how many were deleted."""
+    keeps seqs from ever going back. At most `limit` events go per call, so one call is
+    one short transaction however far behind pruning is. Returns how many were deleted."""
     newest_old = (
         await executor.execute(select(func.max(Event.seq)).where(Event.occurred_at < older_than))
     ).scalar_one()
@@ -117,6 +118,9 @@ async def prune_events(executor: Executor, older_than: datetime) -> int:
     if newest_old is None or newest is None:
         return 0
     upto = min(newest_old, newest - 1)
+    if limit is not None:
+        oldest = (await executor.execute(select(func.min(Event.seq)))).scalar_one()
+        upto = min(upto, oldest + limit - 1)
     await executor.execute(delete(EventAudience).where(EventAudience.seq <= upto))
     result = await executor.execute(delete(Event).where(Event.seq <= upto))
     return int(getattr(result, "rowcount", 0) or 0)

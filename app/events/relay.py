@@ -29,12 +29,26 @@ from datetime import UTC, datetime, timedelta
 from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
-from app.events.reader import OutboxEvent, outbox_bounds, prune_events, read_events
+from app.events.reader import (
+    Bounds,
+    OutboxEvent,
+    outbox_bounds,
+    prune_events,
+    read_events,
+)
 from app.events.visibility import EventFilter, World, load_world, readable_event
 
 log = logging.getLogger(__name__)
 
 CURSOR_EXPIRED = "CURSOR_EXPIRED"
+
+
+# Events deleted per pruning transaction: bounds the lock and WAL of each one.
+PRUNE_BATCH = 5000
+
+
+def _expired(bounds: Bounds, last_seq: int) -> bool:
+    return bounds.oldest is not None and last_seq + 1 < bounds.oldest
 
 
 def cursor_expired() -> InvalidState:
@@ -274,6 +288,12 @@ class Relay:
                 pool_id=flt.pool_id,
                 types=flt.types,
             )
+            # Pruning may have committed between the two reads (each statement sees its
+            # own snapshot on PostgreSQL): if the cursor's successor is gone now, the read
+            # may have missed it. Pruning only deletes a prefix, so if it is still there,
+            # nothing the read needed was gone.
+            if _expired(await outbox_bounds(conn), subscription.last_seq):
+                raise cursor_expired()
             world = await load_world(conn, {e.pool_id for e in events})
         complete = len(events) < self._batch_size
         covered = bounds.newest if complete else events[-1].seq
@@ -338,8 +358,13 @@ class Relay:
         while True:
             try:
                 older_than = datetime.now(UTC) - timedelta(seconds=self._retention_s)
-                async with self.db.writer.begin() as conn:
-                    pruned = await prune_events(conn, older_than)
+                pruned = 0
+                while True:  # short transactions until caught up
+                    async with self.db.writer.begin() as conn:
+                        batch = await prune_events(conn, older_than, limit=PRUNE_BATCH)
+                    pruned += batch
+                    if batch < PRUNE_BATCH:
+                        break
                 if pruned:
                     log.info("pruned %d events older than %s", pruned, older_than.isoformat())
             except Exception as exc:  # try again next round

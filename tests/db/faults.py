@@ -26,15 +26,16 @@ import asyncpg
 import httpx
 from sqlalchemy.engine import make_url
 
-from tests.databases import POSTGRES_URL, service_unavailable
+from tests.databases import POSTGRES_URL, direct_url, service_unavailable
 from tests.events.brokers import free_port
 
 # --- the shared server, as its superuser -----------------------------------------------
 
 
 def postgres_dsn(url: str = POSTGRES_URL, database: str | None = None) -> str:
-    """asyncpg's form of a SQLAlchemy URL, optionally for another database."""
-    parsed = make_url(url).set(drivername="postgresql")
+    """asyncpg's form of a SQLAlchemy URL, optionally for another database; always to
+    the server itself, never through a PgBouncer."""
+    parsed = make_url(direct_url(url)).set(drivername="postgresql")
     if database is not None:
         parsed = parsed.set(database=database)
     return parsed.render_as_string(hide_password=False)

@@ -18,12 +18,14 @@ from sqlalchemy.pool import NullPool
 
 from app.db.migrate import alembic_config, current_revision, head_revision, upgrade
 from app.db.models import Base, Tenant
+from tests.databases import direct_url
 
 T = TypeVar("T")
 
 
 async def _run(url: str, fn: Callable[[Connection], T]) -> T:
-    engine = create_async_engine(url, poolclass=NullPool)
+    # The test's own look at the schema goes direct; the migrations under test do not.
+    engine = create_async_engine(direct_url(url), poolclass=NullPool)
     try:
         async with engine.begin() as connection:
             return await connection.run_sync(fn)

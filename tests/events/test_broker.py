@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from app.config import Settings
 from app.db.engine import Database
+from tests.databases import direct_url
 from tests.events.brokers import PrivateRedis
 from tests.events.conftest import running
 from tests.events.support import emit_updates, settle, subscribe, wait_until
@@ -65,7 +66,8 @@ async def test_a_redis_restart_mid_stream_loses_and_repeats_nothing(
 async def test_a_killed_listen_connection_is_replaced_and_caught_up(
     database_url: str, db: Database
 ) -> None:
-    broadcast = make_url(database_url).set(drivername="postgresql")
+    # LISTEN needs a session of its own: always a direct URL, never through PgBouncer.
+    broadcast = make_url(direct_url(database_url)).set(drivername="postgresql")
     settings = _settings(database_url, broadcast.render_as_string(hide_password=False))
     async with running(settings) as (writer, api), running(settings) as (reader, _):
         s = await Scene.start(api, Fleet(db))
