@@ -19,7 +19,10 @@ from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
-from app.health import readyz
+from app.health import livez, readyz
+from app.metrics import instrument_engine, metrics
+from app.observe import Observe
+from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
@@ -60,6 +63,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         db = create_database(settings.database_url, settings)
         bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
+        instrument_engine(db.writer, "writer")
+        if db.reader is not db.writer:
+            instrument_engine(db.reader, "reader")
         relay = relay_for(db, settings)
         bus.add_listener(relay.wake)
         await relay.start()
@@ -68,6 +74,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.db = db
         app.state.bus = bus
         app.state.relay = relay
+        app.state.rate_limiter = RateLimiter(settings)
         app.state.capacity = Capacity(db, bus.notify)
         tune_gc()
         try:
@@ -85,11 +92,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             *routes(),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            Route("/livez", livez),
+            Route("/metrics", metrics),
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
+        middleware=[
+            Middleware(Observe),  # outermost: request ids, metrics and logs see every answer
+            Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
+        ],
         exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
 

@@ -15,6 +15,7 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
 from app.config import Settings
+from schema.cost_budget import CostBudget
 from schema.errors import ErrorCodes
 from schema.executor import FastFieldsExecutor
 from schema.limits import query_limits
@@ -47,6 +48,7 @@ def _build(
         ),
         # The same query text is parsed once (limits apply: max_tokens is in the key).
         lambda: ParserCache(maxsize=512),
+        CostBudget,  # after the limits: charges the cost they computed, before execution
         ErrorCodes,
     ]
     if not introspection:
