@@ -125,7 +125,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = setting(
         "auto", "`json` lines, `text`, or `auto`: JSON unless stderr is a terminal"
     )
-    log_level: str = setting("INFO", "the root log level")
+    log_level: str = setting(
+        "INFO", "the root log level; `DEBUG` adds SQL statements (never their bound values)"
+    )
     # The per-caller budget (app/rate_limit.py), per window; 0 switches a budget off.
     rate_limit_requests: int = setting(0, "requests per caller per window (0: no limit)")
     rate_limit_cost: int = setting(

@@ -29,8 +29,13 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     formatter: dict[str, Any] = (
         {
             "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+            "rename_fields": {
+                "asctime": "time",
+                "levelname": "level",
+                "name": "logger",
+                "process": "pid",
+            },
         }
         if json
         else {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
@@ -56,5 +61,8 @@ def logging_config(settings: Settings) -> dict[str, Any]:
             "uvicorn.error": {"handlers": [], "propagate": True, "level": level},
             # app/observe.py writes one line per request, with more than uvicorn's.
             "uvicorn.access": {"handlers": [], "propagate": False, "level": "WARNING"},
+            # SQLAlchemy keeps its statements at WARNING whatever the root says; at DEBUG
+            # they are logged (bound values never are: app/db/engine.py hide_parameters).
+            "sqlalchemy.engine": {"level": "INFO" if level == "DEBUG" else "WARNING"},
         },
     }

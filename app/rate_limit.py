@@ -16,6 +16,7 @@ import time
 from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter
+from redis.asyncio import ConnectionPool
 
 from app import metrics
 from app.capacity.errors import ResourceExhausted
@@ -36,13 +37,26 @@ class RateLimited(ResourceExhausted):
         self.retry_after_s = retry_after_s
 
 
-def _storage(settings: Settings) -> Storage:
+# A Redis that stalls costs a request at most this long before it is let through.
+REDIS_TIMEOUT_S = 1.0
+
+
+def _storage(settings: Settings) -> tuple[Storage, ConnectionPool | None]:
     url = settings.rate_limit_storage_url
     if not url and settings.broadcast_url.startswith(("redis://", "rediss://")):
         url = settings.broadcast_url
     if url.startswith(("redis://", "rediss://")):
-        return RedisStorage(f"async+{url}", implementation="redispy")
-    return MemoryStorage()
+        # Our own pool: bounded waits, and closed with the app (limits has no close).
+        pool = ConnectionPool.from_url(
+            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+        )
+        storage = RedisStorage(
+            f"async+{url}",
+            implementation="redispy",
+            connection_pool=pool,  # type: ignore[arg-type]  # typed as scalar options
+        )
+        return storage, pool
+    return MemoryStorage(), None
 
 
 class RateLimiter:
@@ -59,7 +73,15 @@ class RateLimiter:
             else None
         )
         self.enabled = self.requests is not None or self.cost is not None
-        self._limiter = FixedWindowRateLimiter(_storage(settings)) if self.enabled else None
+        self._limiter: FixedWindowRateLimiter | None = None
+        self._pool: ConnectionPool | None = None
+        if self.enabled:
+            storage, self._pool = _storage(settings)
+            self._limiter = FixedWindowRateLimiter(storage)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
 
     async def charge_request(self, caller_id: str, info: RequestInfo | None) -> None:
         """One request of `caller_id`; RateLimited when its budget is spent."""

@@ -74,12 +74,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.db = db
         app.state.bus = bus
         app.state.relay = relay
-        app.state.rate_limiter = RateLimiter(settings)
+        app.state.rate_limiter = limiter = RateLimiter(settings)
         app.state.capacity = Capacity(db, bus.notify)
         tune_gc()
         try:
             yield
         finally:
+            await limiter.close()
             await bus.disconnect()
             await relay.stop()
             await db.dispose()
