@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from app import tracing
 from app.body_limit import BodyLimit
 from app.capacity.service import Capacity
 from app.config import Settings
@@ -58,11 +59,14 @@ def tune_gc() -> None:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings.from_env()
+    traced = tracing.enabled()  # OTEL_TRACES_EXPORTER (app/tracing.py)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         db = create_database(settings.database_url, settings)
         bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
+        if traced:
+            tracing.instrument_clients(db)
         instrument_engine(db.writer, "writer")
         if db.reader is not db.writer:
             instrument_engine(db.reader, "reader")
@@ -84,11 +88,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await bus.disconnect()
             await relay.stop()
             await db.dispose()
+            if traced:
+                tracing.uninstrument_clients()
 
     # One endpoint for queries, mutations (POST; GET for queries) and both websocket
     # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
-    graphql = GraphQLView(build_schema(settings), settings)
-    return Starlette(
+    graphql = GraphQLView(build_schema(settings, tracing=traced), settings)
+    app = Starlette(
         routes=[
             *routes(),
             Route("/healthz", healthz),
@@ -105,6 +111,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ],
         exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
+    if traced:
+        tracing.instrument_app(app)
+    return app
 
 
 def app_from_env() -> Starlette:

@@ -37,7 +37,12 @@ class Schema(strawberry.Schema):
 
 @lru_cache(maxsize=8)
 def _build(
-    introspection: bool, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
+    introspection: bool,
+    max_depth: int,
+    max_aliases: int,
+    max_tokens: int,
+    max_cost: int,
+    tracing: bool = False,
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
@@ -53,6 +58,10 @@ def _build(
     ]
     if not introspection:
         extensions.append(DisableIntrospection)
+    if tracing:  # OTEL_TRACES_EXPORTER (app/tracing.py); imported only then
+        from app.tracing import graphql_extension
+
+        extensions.insert(0, graphql_extension())
     return Schema(
         query=Query,
         mutation=Mutation,
@@ -63,7 +72,7 @@ def _build(
     )
 
 
-def build_schema(settings: Settings) -> Schema:
+def build_schema(settings: Settings, *, tracing: bool = False) -> Schema:
     """One schema per distinct set of limits (building one takes tens of milliseconds)."""
     return _build(
         settings.introspection,
@@ -71,6 +80,7 @@ def build_schema(settings: Settings) -> Schema:
         settings.max_aliases,
         settings.max_tokens,
         settings.max_query_cost,
+        tracing,
     )
 
 
