@@ -28,7 +28,7 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     )
     formatter: dict[str, Any] = (
         {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "pythonjsonlogger.orjson.OrjsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
             "rename_fields": {
                 "asctime": "time",

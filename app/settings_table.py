@@ -16,8 +16,10 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def _default(value: object) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, tuple | str) and not value:
+        return "none"
     if isinstance(value, tuple):
-        return "none" if not value else f"`{','.join(value)}`"
+        return f"`{','.join(value)}`"
     return f"`{value}`"
 
 
