@@ -118,6 +118,12 @@ def relay_delivered(occurred_at_s: float) -> None:
     RELAY_LATENCY.observe(max(0.0, time.time() - occurred_at_s))
 
 
+def worker_stopped() -> None:
+    """A worker that stops takes its live gauges (connections, websockets...) with it."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
 async def metrics(_: Request) -> Response:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()

@@ -21,7 +21,7 @@ from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import livez, readyz
-from app.metrics import instrument_engine, metrics
+from app.metrics import instrument_engine, metrics, worker_stopped
 from app.observe import Observe
 from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
@@ -90,6 +90,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await db.dispose()
             if traced:
                 tracing.uninstrument_clients()
+            worker_stopped()
 
     # One endpoint for queries, mutations (POST; GET for queries) and both websocket
     # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
