@@ -13,9 +13,11 @@ from app.config import Settings
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        from app.observe import request_info
-
-        info = request_info()
+        # Not imported here: the serve supervisor logs too, and importing app.observe
+        # there would register it as a metrics process (app/metrics.py). Until the app
+        # has imported it, no request is being served.
+        observe = sys.modules.get("app.observe")
+        info = observe.request_info() if observe is not None else None
         if info is not None and not hasattr(record, "request_id"):
             record.request_id = info.request_id
         return True

@@ -5,7 +5,9 @@ method or operation, status and duration; no bearer token or policy secret in an
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -70,7 +72,14 @@ async def test_json_logs_with_request_ids_and_no_secrets(database_url: str, flee
                 assert "errors" not in answer.json(), answer.text
             refused = await client.post("/api/compute/pools/list", json={"tenantId": "acme"})
             assert refused.status_code == 401
+            # Every worker connected to its broker (the other one may still be starting);
+            # the supervisor is no metrics process, or this would stay 0.
             samples = await scrape(client)
+            deadline = time.monotonic() + 60
+            while value(samples, "bettercompute_broker_connected") != 1:
+                assert time.monotonic() < deadline, "a process never reported its broker"
+                await asyncio.sleep(0.1)
+                samples = await scrape(client)
         # Each access line is written as its answer goes out: wait for the last ones.
         await wait_until(lambda: len(_access(served.output())) >= 9)
         output = served.output()
