@@ -51,7 +51,7 @@ DB_POOL_WAITS = Counter(
 )
 DB_TRANSACTIONS = Counter(
     "bettercompute_db_transactions_total",
-    "Database transactions ended, by outcome (commit, rollback)",
+    "Database transactions ended, by outcome (commit, rollback; a read ends in rollback)",
     ["outcome"],
 )
 OUTBOX_LAG = Gauge(
