@@ -212,10 +212,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.db.migrate import upgrade
+    from app.logs import logging_config
     from app.websocket_protocol import LeanWebSocketProtocol
 
     if _embedded(settings.database_url):
         asyncio.run(upgrade(settings.database_url))
+    if args.workers > 1:
+        _multiprocess_metrics()
     uvicorn.run(
         "app.server:app_from_env",
         factory=True,
@@ -230,8 +233,22 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ws_ping_timeout=settings.keepalive_interval_s,
         ws_per_message_deflate=False,
         ws_max_size=settings.websocket_max_message_bytes,  # a larger message closes 1009
+        log_config=logging_config(settings),  # JSON lines with request ids (app/logs.py)
+        access_log=False,  # app/observe.py logs each request, with more than uvicorn's line
     )
     return 0
+
+
+def _multiprocess_metrics() -> None:
+    """Workers write their metrics to files in one directory, so `/metrics` on any of
+    them reports the whole server (prometheus-client's multiprocess mode). Set before the
+    workers start: prometheus-client reads it when first imported. A directory the
+    operator names is used as it is; otherwise a fresh one per `serve`."""
+    import os
+    import tempfile
+
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bettercompute-metrics-")
 
 
 def _fail(message: str) -> int:

@@ -1,107 +1,203 @@
-"""Settings from the environment (CONTRACT section 8)."""
+"""Settings from the environment (CONTRACT section 8): one pydantic-settings class.
+
+Every field is one setting with its description; its environment variable is
+`BETTERCOMPUTE_<FIELD>` unless `env=` names another (kept as the names were before the
+class existed). `Settings(...)` is the defaults plus what is passed, nothing read from
+the environment (tests build it so); `Settings.from_env()` reads the environment.
+README's configuration table is generated from this class (scripts/settings-table).
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./bettercompute.db"
+ENV_PREFIX = "BETTERCOMPUTE_"
+
+_read_env: ContextVar[bool] = ContextVar("read_env", default=False)
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+def setting(default: Any, description: str, env: str | None = None) -> Any:
+    """A field with its description; `env` names its variable when it is not the field's."""
+    return Field(
+        default,
+        description=description,
+        validation_alias=None if env is None else ENV_PREFIX + env,
+    )
 
 
-def _int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None or value == "" else int(value)
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        populate_by_name=True,  # Settings(field=...) as well as the environment's names
+        env_ignore_empty=True,  # VAR= means the default, as before
+        extra="ignore",
+    )
 
-
-def _float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return default if value is None or value == "" else float(value)
-
-
-@dataclass(frozen=True)
-class Settings:
-    database_url: str = DEFAULT_DATABASE_URL
-    broadcast_url: str = "memory://"
-    graphiql: bool = True
-    introspection: bool = True
+    database_url: str = setting(
+        DEFAULT_DATABASE_URL, "the store; production: `postgresql+asyncpg://user@host/db`"
+    )
+    broadcast_url: str = setting(
+        "memory://",
+        "event wake-ups between processes: `redis://host:6379/0` or `postgres://user@host/db`",
+    )
+    graphiql: bool = setting(True, "serve GraphiQL at `/graphql` (switch off in production)")
+    introspection: bool = setting(True, "GraphQL introspection (switch off in production)")
     # GraphQL query limits: refused before execution.
-    max_query_depth: int = 12
-    max_aliases: int = 30
-    max_tokens: int = 2000
-    # One page of 100 pools with every field, offers and quota rows at their bounds
-    # (docs/graphql.md).
-    max_query_cost: int = 600_000
-    # Request bodies (REST and GraphQL): 413 past this many bytes.
-    max_body_bytes: int = 1_048_576
+    max_query_depth: int = setting(12, "GraphQL: deepest selection (docs/graphql.md)")
+    max_aliases: int = setting(30, "GraphQL: aliases per operation")
+    max_tokens: int = setting(2000, "GraphQL: tokens per document")
+    max_query_cost: int = setting(
+        600_000,
+        "GraphQL: static cost of one operation; the default fits one page of 100 pools with "
+        "every field, offers and quota rows at their bounds (docs/graphql.md)",
+    )
+    max_body_bytes: int = setting(
+        1_048_576, "request bodies (REST and GraphQL) past this size are refused with 413"
+    )
     # Subscriptions (docs/events.md).
-    max_subscriptions_per_connection: int = 20
-    connection_init_timeout_s: float = 10.0
-    keepalive_interval_s: float = 15.0
-    subscriber_queue_size: int = 1000
-    subscriber_stall_timeout_s: float = 8.0  # a client not reading this long is closed
-    event_poll_interval_s: float = 2.0
-    broker_probe_interval_s: float = 2.0
-    event_retention_s: int = 0  # 0 keeps every event
-    allowed_origins: tuple[str, ...] = field(default_factory=tuple)
+    max_subscriptions_per_connection: int = setting(
+        20, "subscriptions (operations) per websocket connection", env="MAX_SUBSCRIPTIONS"
+    )
+    connection_init_timeout_s: float = setting(
+        10.0, "time to send `connection_init` (4408)", env="CONNECTION_INIT_TIMEOUT_SECONDS"
+    )
+    keepalive_interval_s: float = setting(
+        15.0,
+        "websocket ping interval and pong timeout; legacy `ka` interval",
+        env="KEEPALIVE_SECONDS",
+    )
+    subscriber_queue_size: int = setting(
+        1000, "events a subscription may have waiting before it reads the outbox instead"
+    )
+    subscriber_stall_timeout_s: float = setting(
+        8.0,
+        "how long a client may leave its socket full before it is closed (4413)",
+        env="SUBSCRIBER_STALL_SECONDS",
+    )
+    event_poll_interval_s: float = setting(
+        2.0, "each relay reads the outbox at least this often", env="EVENT_POLL_SECONDS"
+    )
+    broker_probe_interval_s: float = setting(
+        2.0, "how often each process checks its broker subscription", env="BROKER_PROBE_SECONDS"
+    )
+    event_retention_s: int = setting(
+        0, "prune events older than this many seconds (0 keeps every event)",
+        env="EVENT_RETENTION_SECONDS",
+    )
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = setting(
+        (),
+        "comma-separated browser origins (`https://dash.example`) allowed to open the "
+        "websocket and, by CORS (preflight included), to call REST and `/graphql`; no CORS "
+        "when empty",
+    )
     # The database connection budget per process and how long anything may wait on the
     # database (README "Connection budget"); past a bound a request answers UNAVAILABLE.
-    db_pool_size: int = 10
-    db_max_overflow: int = 10
-    db_connect_timeout_s: float = 5.0
-    db_acquire_timeout_s: float = 10.0
-    db_statement_timeout_s: float = 10.0  # PostgreSQL statement_timeout; SQLite busy_timeout
-    readiness_timeout_s: float = 2.0  # /readyz: how long the database may take to answer
-    # Websockets: every process looks for revoked tokens this often and closes their
-    # sockets (4403); the largest message a client may send (larger closes with 1009).
-    revocation_poll_interval_s: float = 2.0
-    websocket_max_message_bytes: int = 1_048_576
-    # Persisted queries on /graphql (docs/graphql.md): automatic, allowlist or off; the
-    # allowlist mode runs only the operations of an Apollo persisted query manifest.
-    persisted_queries: str = "automatic"
-    persisted_queries_manifest: str = ""
-    # Where `npm ci` in web/ put GraphiQL's assets (served under /assets/, no CDN).
-    web_assets_dir: str = ""
+    db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
+    db_max_overflow: int = setting(
+        10, "PostgreSQL connections per process opened beyond the pool under load"
+    )
+    db_connect_timeout_s: float = setting(
+        5.0, "opening a database connection", env="DB_CONNECT_TIMEOUT_SECONDS"
+    )
+    db_acquire_timeout_s: float = setting(
+        10.0, "waiting for a connection from the pool", env="DB_ACQUIRE_TIMEOUT_SECONDS"
+    )
+    db_statement_timeout_s: float = setting(
+        10.0,
+        "one statement, lock waits included (PostgreSQL `statement_timeout`; asyncpg gives up "
+        "1 s later if the server does not answer); on SQLite the `busy_timeout` for the write "
+        "lock",
+        env="DB_STATEMENT_TIMEOUT_SECONDS",
+    )
+    readiness_timeout_s: float = setting(
+        2.0, "how long `/readyz` waits for the database", env="READINESS_TIMEOUT_SECONDS"
+    )
+
+    # Websockets (docs/events.md).
+    revocation_poll_interval_s: float = setting(
+        2.0,
+        "every process looks for revoked tokens this often and closes their websockets "
+        "(4403); at once on a broker wake-up",
+        env="REVOCATION_POLL_SECONDS",
+    )
+    websocket_max_message_bytes: int = setting(
+        1_048_576,
+        "the largest websocket message a client may send (larger closes with 1009)",
+        env="WS_MAX_MESSAGE_BYTES",
+    )
+    # Persisted queries on /graphql (docs/graphql.md).
+    persisted_queries: str = setting(
+        "automatic",
+        "`automatic` (Apollo's automatic persisted queries), `allowlist` (only the "
+        "operations of the manifest run) or `off`",
+    )
+    persisted_queries_manifest: str = setting(
+        "", "the Apollo persisted query manifest (JSON) of the allowlist mode"
+    )
+    web_assets_dir: str = setting(
+        "", "where `scripts/web-assets` put GraphiQL's assets (empty: web/node_modules)"
+    )
+
+    readiness_relay_lag_s: float = setting(
+        10.0,
+        "/readyz: how long the event relay may stay behind the newest committed event",
+        env="READINESS_RELAY_LAG_SECONDS",
+    )
+    # Logs (app/logs.py).
+    log_format: Literal["auto", "json", "text"] = setting(
+        "auto", "`json` lines, `text`, or `auto`: JSON unless stderr is a terminal"
+    )
+    log_level: str = setting(
+        "INFO", "the root log level; `DEBUG` adds SQL statements (never their bound values)"
+    )
+    # The per-caller budget (app/rate_limit.py), per window; 0 switches a budget off.
+    rate_limit_requests: int = setting(0, "requests per caller per window (0: no limit)")
+    rate_limit_cost: int = setting(
+        0, "GraphQL query cost (docs/graphql.md) per caller per window (0: no limit)"
+    )
+    rate_limit_window_s: int = setting(
+        60, "the rate-limit window", env="RATE_LIMIT_WINDOW_SECONDS"
+    )
+    rate_limit_storage_url: str = setting(
+        "",
+        "where budgets are counted: `memory://` (per process) or `redis://host:6379/0` "
+        "(shared); empty: the broadcast URL when it is Redis, otherwise memory",
+    )
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(o.strip() for o in value.split(",") if o.strip())
+        return value
 
     @classmethod
-    def from_env(cls) -> Settings:
-        origins = os.environ.get("BETTERCOMPUTE_ALLOWED_ORIGINS", "")
-        return cls(
-            database_url=os.environ.get("BETTERCOMPUTE_DATABASE_URL", DEFAULT_DATABASE_URL),
-            broadcast_url=os.environ.get("BETTERCOMPUTE_BROADCAST_URL", "memory://"),
-            graphiql=_flag("BETTERCOMPUTE_GRAPHIQL", True),
-            introspection=_flag("BETTERCOMPUTE_INTROSPECTION", True),
-            max_query_depth=_int("BETTERCOMPUTE_MAX_QUERY_DEPTH", 12),
-            max_aliases=_int("BETTERCOMPUTE_MAX_ALIASES", 30),
-            max_tokens=_int("BETTERCOMPUTE_MAX_TOKENS", 2000),
-            max_query_cost=_int("BETTERCOMPUTE_MAX_QUERY_COST", 600_000),
-            max_body_bytes=_int("BETTERCOMPUTE_MAX_BODY_BYTES", 1_048_576),
-            max_subscriptions_per_connection=_int("BETTERCOMPUTE_MAX_SUBSCRIPTIONS", 20),
-            connection_init_timeout_s=_float("BETTERCOMPUTE_CONNECTION_INIT_TIMEOUT_SECONDS", 10.0),
-            keepalive_interval_s=_float("BETTERCOMPUTE_KEEPALIVE_SECONDS", 15.0),
-            subscriber_queue_size=_int("BETTERCOMPUTE_SUBSCRIBER_QUEUE_SIZE", 1000),
-            subscriber_stall_timeout_s=_float("BETTERCOMPUTE_SUBSCRIBER_STALL_SECONDS", 8.0),
-            event_poll_interval_s=_float("BETTERCOMPUTE_EVENT_POLL_SECONDS", 2.0),
-            broker_probe_interval_s=_float("BETTERCOMPUTE_BROKER_PROBE_SECONDS", 2.0),
-            event_retention_s=_int("BETTERCOMPUTE_EVENT_RETENTION_SECONDS", 0),
-            allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()),
-            db_pool_size=_int("BETTERCOMPUTE_DB_POOL_SIZE", 10),
-            db_max_overflow=_int("BETTERCOMPUTE_DB_MAX_OVERFLOW", 10),
-            db_connect_timeout_s=_float("BETTERCOMPUTE_DB_CONNECT_TIMEOUT_SECONDS", 5.0),
-            db_acquire_timeout_s=_float("BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS", 10.0),
-            db_statement_timeout_s=_float("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", 10.0),
-            readiness_timeout_s=_float("BETTERCOMPUTE_READINESS_TIMEOUT_SECONDS", 2.0),
-            revocation_poll_interval_s=_float("BETTERCOMPUTE_REVOCATION_POLL_SECONDS", 2.0),
-            websocket_max_message_bytes=_int("BETTERCOMPUTE_WS_MAX_MESSAGE_BYTES", 1_048_576),
-            persisted_queries=os.environ.get("BETTERCOMPUTE_PERSISTED_QUERIES", "automatic"),
-            persisted_queries_manifest=os.environ.get(
-                "BETTERCOMPUTE_PERSISTED_QUERIES_MANIFEST", ""
-            ),
-            web_assets_dir=os.environ.get("BETTERCOMPUTE_WEB_ASSETS_DIR", ""),
-        )
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings) if _read_env.get() else (init_settings,)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """The environment's settings (`overrides` win over it)."""
+        reset = _read_env.set(True)
+        try:
+            return cls(**overrides)
+        finally:
+            _read_env.reset(reset)
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        alias = cls.model_fields[field].validation_alias
+        return alias if isinstance(alias, str) else ENV_PREFIX + field.upper()

@@ -1,8 +1,10 @@
 """Readiness: can this process serve requests now? `/readyz` checks what a request needs
 (the database answers a trivial query within a short bound, the event broker is
-connected) and says which check failed, nothing more. Liveness stays `/healthz`, which
-checks nothing outside the process, so an orchestrator restarts a process only when it
-is itself stuck, and only routes traffic away while a dependency is down."""
+connected, the event relay has caught up with the newest committed event within
+`readiness_relay_lag_s`) and says which check failed, nothing more. Liveness is `/livez`
+(`/healthz` is its older name), which checks nothing outside the process, so an
+orchestrator restarts a process only when it is itself stuck, and only routes traffic
+away while a dependency is down."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from starlette.responses import Response
 from app.db.engine import Database
 from app.db.errors import RETRY_AFTER_S
 from app.events.bus import EventBus
+from app.events.relay import Relay
 from app.rest.responses import JSONResponse
 
 log = logging.getLogger(__name__)
@@ -62,11 +65,30 @@ def broker_check(bus: EventBus) -> Check:
     return "ok" if bus.connected else "unavailable"
 
 
+def relay_check(relay: Relay, max_lag_s: float) -> Check:
+    """Caught up: nothing committed (that this process heard of) is left to relay, or the
+    relay read to the end of the outbox within the bound. A relay that never read its
+    cursor (the database was away at start) is not ready."""
+    if relay.caught_up_at is None and not relay.cursor_ready:
+        return "unavailable"
+    if relay.lag == 0:
+        return "ok"
+    since = relay.caught_up_at
+    now = asyncio.get_running_loop().time()
+    return "ok" if since is not None and now - since <= max_lag_s else "unavailable"
+
+
+async def livez(_: Request) -> Response:
+    """The process answers: nothing outside it is checked."""
+    return JSONResponse({"ok": True})
+
+
 async def readyz(request: Request) -> Response:
     state = request.app.state
     checks: dict[str, Check] = {
         "database": await database_check(state.db, state.settings.readiness_timeout_s),
         "broker": broker_check(state.bus),
+        "relay": relay_check(state.relay, state.settings.readiness_relay_lag_s),
     }
     ready = all(check == "ok" for check in checks.values())
     return JSONResponse(

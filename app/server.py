@@ -16,14 +16,18 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from app import tracing
 from app.body_limit import BodyLimit
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
-from app.health import readyz
+from app.health import livez, readyz
 from app.iam.revocations import RevocationWatcher
+from app.metrics import instrument_engine, metrics, worker_stopped
+from app.observe import Observe
+from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
 from app.rest.responses import JSONResponse
 from app.rest.routes import routes
@@ -68,11 +72,17 @@ def tune_gc() -> None:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings.from_env()
+    traced = tracing.enabled()  # OTEL_TRACES_EXPORTER (app/tracing.py)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         db = create_database(settings.database_url, settings)
         bus = EventBus(settings.broadcast_url, probe_interval_s=settings.broker_probe_interval_s)
+        if traced:
+            tracing.instrument_clients(db)
+        instrument_engine(db.writer, "writer")
+        if db.reader is not db.writer:
+            instrument_engine(db.reader, "reader")
         relay = relay_for(db, settings)
         bus.add_listener(relay.wake)
         revocations = RevocationWatcher(db, settings.revocation_poll_interval_s)
@@ -85,39 +95,51 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.bus = bus
         app.state.relay = relay
         app.state.revocations = revocations
+        app.state.rate_limiter = limiter = RateLimiter(settings)
         app.state.capacity = Capacity(db, bus.notify)
         tune_gc()
         try:
             yield
         finally:
+            await limiter.close()
             await bus.disconnect()
             await relay.stop()
             await revocations.stop()
             await db.dispose()
+            if traced:
+                tracing.uninstrument_clients()
+            worker_stopped()
 
     # One endpoint for queries, mutations (POST; GET for queries) and both websocket
     # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
-    graphql = GraphQLView(build_schema(settings), settings)
-    middleware = [Middleware(BodyLimit, max_bytes=settings.max_body_bytes)]
+    graphql = GraphQLView(build_schema(settings, tracing=traced), settings)
+    middleware = [
+        Middleware(Observe),  # outermost: request ids, metrics and logs see every answer
+        Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
+    ]
     if settings.allowed_origins:
         # Browser dashboards on those origins (REST and /graphql, preflight included);
-        # off when none is configured. Outermost, so refusals carry the headers too.
+        # off when none is configured. Outside the body limit, so refusals carry them too.
         middleware.insert(
-            0,
+            1,
             Middleware(
                 CORSMiddleware,
                 allow_origins=list(settings.allowed_origins),
                 allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                 allow_headers=["authorization", "content-type", "accept"],
-                expose_headers=["retry-after"],
+                expose_headers=["retry-after", "x-request-id", "x-ratelimit-limit",
+                                "x-ratelimit-remaining", "x-ratelimit-used",
+                                "x-ratelimit-reset", "x-ratelimit-resource"],
                 max_age=600,
             ),
         )
-    return Starlette(
+    app = Starlette(
         routes=[
             *routes(),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            Route("/livez", livez),
+            Route("/metrics", metrics),
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
             # GraphiQL's pinned assets (schema/graphiql.py) and the live console page.
@@ -129,6 +151,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         middleware=middleware,
         exception_handlers={HTTPException: http_error, Exception: _unhandled},
     )
+    if traced:
+        tracing.instrument_app(app)
+    return app
 
 
 def app_from_env() -> Starlette:

@@ -15,6 +15,7 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
 from app.config import Settings
+from schema.cost_budget import CostBudget
 from schema.errors import ErrorCodes
 from schema.executor import FastFieldsExecutor
 from schema.limits import query_limits
@@ -36,7 +37,12 @@ class Schema(strawberry.Schema):
 
 @lru_cache(maxsize=8)
 def _build(
-    introspection: bool, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
+    introspection: bool,
+    max_depth: int,
+    max_aliases: int,
+    max_tokens: int,
+    max_cost: int,
+    tracing: bool = False,
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
@@ -47,10 +53,15 @@ def _build(
         ),
         # The same query text is parsed once (limits apply: max_tokens is in the key).
         lambda: ParserCache(maxsize=512),
+        CostBudget,  # after the limits: charges the cost they computed, before execution
         ErrorCodes,
     ]
     if not introspection:
         extensions.append(DisableIntrospection)
+    if tracing:  # OTEL_TRACES_EXPORTER (app/tracing.py); imported only then
+        from app.tracing import graphql_extension
+
+        extensions.insert(0, graphql_extension())
     return Schema(
         query=Query,
         mutation=Mutation,
@@ -61,7 +72,7 @@ def _build(
     )
 
 
-def build_schema(settings: Settings) -> Schema:
+def build_schema(settings: Settings, *, tracing: bool = False) -> Schema:
     """One schema per distinct set of limits (building one takes tens of milliseconds)."""
     return _build(
         settings.introspection,
@@ -69,6 +80,7 @@ def build_schema(settings: Settings) -> Schema:
         settings.max_aliases,
         settings.max_tokens,
         settings.max_query_cost,
+        tracing,
     )
 
 

@@ -32,6 +32,7 @@ class Context:
     reads: ReadScope = field(init=False)
     _loaders: Loaders | None = field(default=None, init=False)
     _principal: asyncio.Task[Principal] | None = field(default=None, init=False)
+    cost: int | None = field(default=None, init=False)  # the operation's (schema/limits.py)
 
     def __post_init__(self) -> None:
         self.reads = ReadScope(self.capacity.db)

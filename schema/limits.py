@@ -51,6 +51,7 @@ from strawberry.schema.schema import validate_document
 from app.capacity.bounds import MAX_CAPACITY_ROWS, MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.paging import MAX_PAGE_SIZE
 from app.catalog import POOL_METHODS
+from app.observe import request_info
 from schema.errors import RESOURCE_EXHAUSTED
 
 # Lists without `first`, by (type, field): their most items, as the domain bounds them.
@@ -283,10 +284,18 @@ class _Estimator:
 
 
 def cost_errors(
-    schema: GraphQLSchema, document: DocumentNode, variables: Mapping[str, Any], budget: int
+    schema: GraphQLSchema,
+    document: DocumentNode,
+    variables: Mapping[str, Any],
+    budget: int,
+    costs: dict[str | None, int] | None = None,
 ) -> list[GraphQLError]:
+    """Refusals of operations over the budget; `costs` receives each operation's cost
+    by name (the response's `extensions.cost`, the caller's cost budget)."""
     errors = []
     for operation, cost in _Estimator(schema, variables).operations(document):
+        if costs is not None:
+            costs[operation.name.value if operation.name else None] = cost.total
         if cost.unbounded > 1:
             message = (
                 "`quotas` without `poolId` reads every pool the tenant sees; "
@@ -312,6 +321,16 @@ def _validate(
     return validate_document(schema, document, rules)
 
 
+def operation_cost(context: object, cost: int) -> None:
+    """Where the cost goes: the GraphQL context (the cost budget) and the request's
+    report (`extensions.cost`, the access log)."""
+    if hasattr(context, "cost"):
+        context.cost = cost
+    info = request_info()
+    if info is not None:
+        info.cost = cost
+
+
 def query_limits(
     *, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
 ) -> type[SchemaExtension]:
@@ -329,6 +348,9 @@ def query_limits(
 
         def on_validate(self) -> Iterator[None]:
             context = self.execution_context
+            info = request_info()
+            if info is not None:
+                info.graphql_operation(context.operation_name)
             if context.pre_execution_errors:  # refused already (schema/operations.py)
                 yield
                 return
@@ -336,9 +358,16 @@ def query_limits(
             assert document is not None
             schema = context.schema._schema
             variables = context.variables if isinstance(context.variables, Mapping) else {}
+            costs: dict[str | None, int] = {}
             errors: Sequence[GraphQLError] = shape_errors(
                 document, max_depth, max_aliases, MAX_EXPANDED_FIELDS
-            ) or cost_errors(schema, document, variables, max_cost)
+            ) or cost_errors(schema, document, variables, max_cost, costs)
+            if costs:
+                # The operation that runs (OperationChecks made sure it is named when
+                # there are several).
+                name = getattr(context, "_provided_operation_name", None)
+                cost = costs.get(name, next(iter(costs.values())))
+                operation_cost(context.context, min(cost, _MAX_REPORTED))
             if not errors:
                 errors = _validate(schema, document, tuple(context.validation_rules))
             # Set (even when empty): strawberry then skips its own, uncached validation.

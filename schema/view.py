@@ -26,6 +26,8 @@ from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.observe import record_code, request_info
+from app.rate_limit import RateLimiter
 from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
@@ -86,13 +88,19 @@ class GraphQLView(GraphQL[Context, None]):
             # Before the body is read or parsed (docs/decisions/0001); the context keeps
             # the principal for the resolvers.
             try:
-                await context.principal()
+                principal = await context.principal()
+                # The caller's request budget, right after authentication (app/rate_limit.py).
+                info = request_info()
+                if info is not None:
+                    info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
+                limiter: RateLimiter = request.app.state.rate_limiter
+                await limiter.charge_request(principal.caller_id, info)
             except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
                 # The answer a resolver gave before: 200, data null, the code in errors
                 # (401 without data under application/graphql-response+json); a database
                 # out of reach is 503 with Retry-After, as every other failure.
                 error = to_domain_error(exc)
-                status = error.http_status if error.code == "UNAVAILABLE" else 200
+                status = error.http_status if error.code in _HTTP_STATUS_CODES else 200
                 await refused_with(error, status_code=status)(scope, receive, send)
                 return
         try:
@@ -173,6 +181,14 @@ class GraphQLView(GraphQL[Context, None]):
         if result.errors:
             result.errors = [coded(e) for e in result.errors]
         processed = await super().process_result(request, result)
+        info = request_info()
+        if info is not None:
+            for error in processed.get("errors") or ():
+                extensions = error.get("extensions") if isinstance(error, dict) else None
+                code = extensions.get("code") if isinstance(extensions, dict) else None
+                info.codes.append(code if isinstance(code, str) else "INTERNAL")
+            if info.cost is not None:
+                processed["extensions"] = {**(processed.get("extensions") or {}), "cost": info.cost}
         if response_media.get() == GRAPHQL_RESPONSE_JSON and is_request_error(
             result.data, result.errors
         ):
@@ -196,6 +212,8 @@ class GraphQLView(GraphQL[Context, None]):
             response.headers["retry-after"] = str(RETRY_AFTER_S)
             if not any((response_data.get("data") or {}).values()):
                 response.status_code = 503
+        elif isinstance(response_data, dict) and _rate_limited(response_data):
+            response.status_code = 429  # Retry-After and X-RateLimit-*: app/observe.py
         return response
 
     # --- websocket hooks (graphql-transport-ws and graphql-ws) -------------------------
@@ -234,6 +252,19 @@ def _has_operation(request: Request) -> bool:
     return "query" in request.query_params or "extensions" in request.query_params
 
 
+def _rate_limited(response_data: GraphQLHTTPResponse) -> bool:
+    """The operation was refused by the caller's cost budget (schema/cost_budget.py)."""
+    for error in response_data.get("errors") or ():
+        extensions = error.get("extensions") if isinstance(error, dict) else None
+        if isinstance(extensions, dict) and extensions.get("limit") == "rate":
+            return True
+    return False
+
+
+# Refusals before any GraphQL ran that keep their HTTP status (others answer 200).
+_HTTP_STATUS_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+
+
 def _needs_token(request: Request) -> bool:
     """Every GraphQL request carries a token (CONTRACT section 2), except a GET without
     a query (or a persisted query's hash): GraphiQL's page, or strawberry's own refusal
@@ -243,6 +274,7 @@ def _needs_token(request: Request) -> bool:
 
 def refused_with(error: DomainError, status_code: int) -> Response:
     """A domain error raised before any GraphQL ran, in GraphQL's error shape."""
+    record_code(error.code)
     headers = {"retry-after": str(RETRY_AFTER_S)} if error.code == "UNAVAILABLE" else {}
     if error.code == "UNAUTHENTICATED" and response_media.get() == GRAPHQL_RESPONSE_JSON:
         # application/json keeps the 200 clients had; the newer media type says 401.
@@ -262,6 +294,7 @@ def refused(status_code: int, reason: str, code: str | None = None) -> Response:
         code = "NOT_FOUND" if status_code == 404 else INVALID_INPUT
     elif code.startswith("PERSISTED_QUERY") and response_media.get() != GRAPHQL_RESPONSE_JSON:
         status_code = 200  # a persisted query's answer, as Apollo's clients expect it
+    record_code(code)
     headers = {"allow": "POST"} if status_code == 405 else {}
     return _request_error({"message": reason, "extensions": {"code": code}}, status_code, headers)
 

@@ -71,6 +71,10 @@ def to_domain_error(exc: BaseException) -> DomainError:
     if isinstance(exc, DomainError):
         return exc
     if _unavailable(exc):
+        if isinstance(exc, PoolTimeout):
+            from app.metrics import DB_POOL_WAITS  # not at import: the CLI needs no metrics
+
+            DB_POOL_WAITS.inc()
         log.warning(
             "backing service unavailable: %s (sqlstate %s)", type(exc).__name__, sqlstate(exc)
         )

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from broadcaster import Broadcast
 
+from app import metrics
 from app.events.redis_wakeups import RedisWakeups
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class EventBus:
             self._broadcast = broadcast
             self._broken.clear()
             self._connected.set()
+            metrics.BROKER_CONNECTED.set(1)
             self.connections += 1
             log.info("event broker %s connected", self._where)
             self._wake(None)  # catch up on what was published while we were not listening
@@ -195,6 +197,7 @@ class EventBus:
     async def _close(self, broadcast: Broadcast, _: AsyncExitStack) -> None:
         self._broadcast = None
         self._connected.clear()
+        metrics.BROKER_CONNECTED.set(0)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await broadcast.disconnect()

@@ -26,6 +26,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime, timedelta
 
+from app import metrics
 from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
@@ -202,6 +203,12 @@ class Relay:
         self._tasks: list[asyncio.Task[None]] = []
         self._cursor_ready = False
         self._cursor_lock = asyncio.Lock()
+        self.newest_known = 0  # the newest committed seq a wake-up or a read told of
+        self.caught_up_at: float | None = None  # loop time the relay last read to the end
+
+    @property
+    def cursor_ready(self) -> bool:
+        return self._cursor_ready
 
     @property
     def subscriptions(self) -> int:
@@ -231,6 +238,14 @@ class Relay:
         """A wake-up: seq is the newest committed somewhere, None means "check"."""
         if seq is None or seq > self.cursor:
             self._wanted.set()
+        if seq is not None and seq > self.newest_known:
+            self.newest_known = seq
+            metrics.OUTBOX_LAG.set(self.lag)
+
+    @property
+    def lag(self) -> int:
+        """Events committed (as far as this process knows) that it has not relayed yet."""
+        return max(0, self.newest_known - self.cursor)
 
     async def _ensure_cursor(self) -> None:
         """Start the relay's cursor at the newest event, once; retried until the database
@@ -242,6 +257,7 @@ class Relay:
                 return
             async with self.db.reader.connect() as conn:
                 self.cursor = (await outbox_bounds(conn)).newest
+            self.newest_known = max(self.newest_known, self.cursor)
             self._cursor_ready = True
 
     async def open(self, event_filter: EventFilter, after: int | None) -> Subscription:
@@ -259,11 +275,13 @@ class Relay:
 
     def attach(self, subscription: Subscription) -> None:
         self._subscriptions.add(subscription)
+        metrics.SUBSCRIPTIONS.set(len(self._subscriptions))
         for tenant in subscription.filter.actor.lineage:
             self._by_tenant[tenant].add(subscription)
 
     def detach(self, subscription: Subscription) -> None:
         self._subscriptions.discard(subscription)
+        metrics.SUBSCRIPTIONS.set(len(self._subscriptions))
         for tenant in subscription.filter.actor.lineage:
             members = self._by_tenant.get(tenant)
             if members is not None:
@@ -319,15 +337,23 @@ class Relay:
             async with self.db.reader.connect() as conn:
                 events = await read_events(conn, self.cursor, limit=self._batch_size)
                 if not events:
+                    self._caught_up()
                     return
                 world = await load_world(conn, {e.pool_id for e in events})
             self._fan_out(events, world)
             self.cursor = events[-1].seq
             if len(events) < self._batch_size:
+                self._caught_up()
                 return
+
+    def _caught_up(self) -> None:
+        self.newest_known = max(self.newest_known, self.cursor)
+        self.caught_up_at = asyncio.get_running_loop().time()
+        metrics.OUTBOX_LAG.set(self.lag)
 
     def _fan_out(self, events: Collection[OutboxEvent], world: World) -> None:
         for event in events:
+            metrics.relay_delivered(event.occurred_at.timestamp())
             for subscription in self._audience_subscriptions(event):
                 if not subscription.live:
                     continue

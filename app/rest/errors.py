@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from app.capacity.errors import DomainError, InvalidInput, NotFound
 from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.observe import record_code
 from app.rest.responses import JSONResponse
 
 
@@ -17,6 +18,7 @@ def error_body(error: DomainError) -> dict[str, object]:
 
 def error_response(exc: BaseException) -> Response:
     error = to_domain_error(exc)
+    record_code(error.code)
     headers: dict[str, str] | None = None
     if error.code == "UNAUTHENTICATED":
         headers = {"www-authenticate": "Bearer"}

@@ -14,6 +14,7 @@ from app.capacity.inputs import parse_input
 from app.capacity.service import Capacity
 from app.catalog import METHODS, POOL_METHODS, Method
 from app.iam.callers import authenticate
+from app.observe import request_info
 from app.rest.errors import error_response
 from app.rest.openapi import openapi_document
 from app.rest.render import render
@@ -25,6 +26,10 @@ def _endpoint(method: Method) -> Any:
         capacity: Capacity = request.app.state.capacity
         try:
             principal = await authenticate(capacity.db, request.headers.get("authorization"))
+            info = request_info()
+            if info is not None:
+                info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
+            await request.app.state.rate_limiter.charge_request(principal.caller_id, info)
             try:
                 body = orjson.loads(await request.body())
             except orjson.JSONDecodeError:

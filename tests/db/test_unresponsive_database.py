@@ -130,7 +130,7 @@ async def test_a_database_that_stops_answering_is_503_in_bounded_time(
     assert ready.status_code == 503
     assert ready.json() == {
         "ready": False,
-        "checks": {"database": "unavailable", "broker": "ok"},
+        "checks": {"database": "unavailable", "broker": "ok", "relay": "ok"},
     }
     assert int(ready.headers["retry-after"]) > 0
     assert readyz_s < READINESS_S + MARGIN_S
@@ -218,7 +218,8 @@ async def test_readyz_reports_the_broker_and_healthz_does_not(
         async with running(settings) as (_, api):
             ready = await api.client.get("/readyz")
             assert ready.status_code == 200
-            assert ready.json() == {"ready": True, "checks": {"database": "ok", "broker": "ok"}}
+            checks = {"database": "ok", "broker": "ok", "relay": "ok"}
+            assert ready.json() == {"ready": True, "checks": checks}
 
             await redis.stop()
             deadline = time.monotonic() + 30
@@ -228,7 +229,7 @@ async def test_readyz_reports_the_broker_and_healthz_does_not(
             assert ready.status_code == 503
             assert ready.json() == {
                 "ready": False,
-                "checks": {"database": "ok", "broker": "unavailable"},
+                "checks": {"database": "ok", "broker": "unavailable", "relay": "ok"},
             }
             assert (await api.client.get("/healthz")).status_code == 200
 

@@ -38,8 +38,9 @@ class Served:
 
 
 @asynccontextmanager
-async def bettercompute_serve(**env: str) -> AsyncIterator[Served]:
-    """Run `bettercompute serve` on a free port with BETTERCOMPUTE_* settings in `env`;
+async def bettercompute_serve(*args: str, **env: str) -> AsyncIterator[Served]:
+    """Run `bettercompute serve` on a free port (more arguments in `args`) with
+    BETTERCOMPUTE_* settings in `env`;
     yields once /healthz answers, stops the process on exit."""
     port = free_port()
     descriptor, name = tempfile.mkstemp(prefix="bettercompute-serve-", suffix=".log")
@@ -47,7 +48,7 @@ async def bettercompute_serve(**env: str) -> AsyncIterator[Served]:
     try:
         process = await asyncio.create_subprocess_exec(
             str(binary),
-            *("serve", "--port", str(port)),
+            *("serve", "--port", str(port), *args),
             env={**os.environ, **env},
             stdout=descriptor,
             stderr=subprocess.STDOUT,

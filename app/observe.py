@@ -1,0 +1,127 @@
+"""One pure ASGI middleware for what every HTTP request reports: its request id (taken
+from `X-Request-Id` or made, and sent back), its metrics, and one access log line.
+
+The endpoints fill in the request's `RequestInfo` (a context variable) as they learn
+things: the transport and method or GraphQL operation name, the caller and tenant once
+authenticated, the error codes answered, the GraphQL cost, the rate-limit headers.
+Every log record of the request carries its id (app/logs.py reads the variable).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import metrics
+
+log = logging.getLogger("app.access")
+
+# A request id from the client is kept when it is short and plain (it goes into logs).
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# A GraphQL operation name is a metric label: any other value counts as one label.
+_OPERATION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+@dataclass
+class RequestInfo:
+    request_id: str
+    transport: str = "http"
+    operation: str = ""
+    caller_id: str | None = None
+    tenant_id: str | None = None
+    codes: list[str] = field(default_factory=list)
+    cost: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # added to the response
+
+    def graphql_operation(self, name: object) -> None:
+        self.transport = "graphql"
+        if isinstance(name, str) and _OPERATION_NAME.fullmatch(name):
+            self.operation = name
+        else:
+            self.operation = "anonymous" if name is None else "other"
+
+
+current: ContextVar[RequestInfo | None] = ContextVar("request_info", default=None)
+
+
+def request_info() -> RequestInfo | None:
+    return current.get()
+
+
+def record_code(code: str) -> None:
+    """An error code the request answered (counted by code in the metrics)."""
+    info = current.get()
+    if info is not None:
+        info.codes.append(code)
+
+
+def _route(path: str) -> tuple[str, str]:
+    if path.startswith("/api/compute/"):
+        return "rest", path.rsplit("/", 1)[-1]
+    if path == "/graphql":
+        return "graphql", "anonymous"
+    return "http", path
+
+
+class Observe:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            metrics.WEBSOCKETS.inc()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                metrics.WEBSOCKETS.dec()
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = Headers(scope=scope).get("x-request-id", "")
+        info = RequestInfo(sent if _CLIENT_ID.fullmatch(sent) else uuid.uuid4().hex)
+        info.transport, info.operation = _route(scope["path"])
+        token = current.set(info)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["x-request-id"] = info.request_id
+                for name, value in info.headers.items():
+                    headers[name] = value
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            duration = time.perf_counter() - started
+            if info.transport != "http":  # probes and /metrics are not counted as requests
+                metrics.observe_request(info.transport, info.operation, duration, info.codes)
+            log.info(
+                "%s %s %s",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "transport": info.transport,
+                    "operation": info.operation,
+                    "caller_id": info.caller_id,
+                    "tenant_id": info.tenant_id,
+                    "status": status,
+                    "duration_ms": round(duration * 1000, 3),
+                    "cost": info.cost,
+                    "codes": info.codes or None,
+                },
+            )
+            current.reset(token)
