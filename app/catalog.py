@@ -229,7 +229,26 @@ RESERVATION_METHODS: tuple[Method, ...] = (
     ),
 )
 
-METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS
+# CONTRACT section 10's extensions that are methods of their own.
+EXTENSION_METHODS: tuple[Method, ...] = (
+    _row(
+        "pools",
+        "explain",
+        "read",
+        roles.POOLS_READ,
+        "compute-pool",
+        "extension",
+        "Explains whether the calling principal holds a permission on a pool as the tenant, "
+        "and why: its binding, the offer that grants the pool, or the first check that fails. "
+        "A pool the tenant cannot see is answered as `get` answers it.",
+        inputs.ExplainAccessInput,
+        lambda c, p, i: c.explain_access(p, i),
+        "access",
+        authorization="any caller acting for the tenant @ compute-pool (visibility)",
+    ),
+)
+
+METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS + EXTENSION_METHODS
 _BY_PATH = {m.path: m for m in METHODS}
 
 

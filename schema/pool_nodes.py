@@ -37,7 +37,9 @@ async def build_pools(
 
     quota_ids = [v.id for v in views] if want_quotas else []
     loaded_quotas, loaded_capacity, loaded_offers = await asyncio.gather(
-        loaders.quotas.load_many([(tenant_id, pool_id) for pool_id in quota_ids]),
+        # Keyed by the granting tenant: the rows the viewer books against (its own, or an
+        # ancestor's whose offer includes descendants).
+        loaders.quotas.load_many([(v.grant.tenant_id, v.id) for v in views if want_quotas]),
         loaders.capacity.load_many(cap_ids),
         loaders.offers.load_many(offer_ids),
     )

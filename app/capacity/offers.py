@@ -5,14 +5,15 @@ from __future__ import annotations
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import lock_owned_pool, pool_detail, resolve_pool_actor
+from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_pool_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
+from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
-from app.capacity.views import PoolDetail
-from app.db.models import Node, Offer, Pool, QuotaRow, Tenant
+from app.capacity.views import ImpactView, PoolDetail
+from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
 from app.db.uow import UnitOfWork
 from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
@@ -86,6 +87,13 @@ async def _check_offer_bounds(
             )
 
 
+def bump_version(pool: Pool) -> None:
+    """Every write that changes what the pool shows (its offers and quota maxima included)
+    moves it to the next version; bookings change only `used` and leave it (ADR 0004)."""
+    pool.version += 1
+    pool.updated_at = utcnow()
+
+
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
     query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
@@ -116,6 +124,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     await _check_offer_state(uow, pool, inp)
@@ -165,6 +174,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     await write_authz_row(
         session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
     )
+    bump_version(pool)
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -185,15 +195,21 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     return await pool_detail(session, seen_by, pool.id)
 
 
-async def unoffer_pool(uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput) -> bool:
+async def unoffer_pool(
+    uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
+) -> bool | ImpactView:
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
+    check_version(pool, inp.version)
+    if inp.dry_run:
+        return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
     if await session.get(Offer, (pool.id, inp.to_tenant_id)) is None:
         return False
     await withdraw_offer(session, pool.id, inp.to_tenant_id)
+    bump_version(pool)
     uow.emit(
         PendingEvent(
             type="pool.unoffered",

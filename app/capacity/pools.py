@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.capacity.access import (
+    check_version,
     lock_owned_pool,
     pool_detail,
     resolve_actor,
@@ -13,6 +14,7 @@ from app.capacity.access import (
 )
 from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.idempotency import IdempotentCreate
+from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -28,15 +30,15 @@ from app.capacity.reads import (
     Actor,
     Executor,
     capacity_of,
+    effective_quotas,
     load_lineage,
     offers_of,
-    quotas_of,
     visible_pool,
     visible_pools,
 )
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
-from app.capacity.views import CapacityView, PoolDetail
+from app.capacity.views import CapacityView, ImpactView, PoolDetail
 from app.db.models import (
     Offer,
     Pool,
@@ -66,8 +68,7 @@ async def list_pools(
         for p in await visible_pools(executor, actor)
         if allows_pool(principal, POOLS_READ, p.grant.attributes)
     ]
-    ids = [p.id for p in pools]
-    quotas = await quotas_of(executor, actor.tenant_id, ids)
+    quotas = await effective_quotas(executor, pools)
     offered = [p.id for p in pools if sees_offers(principal, p)]
     offers = await offers_of(executor, offered) if offered else {}
     return [PoolDetail(p, quotas[p.id], offers.get(p.id)) for p in pools]
@@ -210,6 +211,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
         # create requires of a new pool).
@@ -258,10 +260,15 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
 # -- archive -------------------------------------------------------------------------------
 
 
-async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
+async def archive_pool(
+    uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
+) -> PoolDetail | ImpactView:
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    check_version(pool, inp.version)
+    if inp.dry_run:
+        return await archive_impact(session, principal, pool)
     if pool.archived:
         return await pool_detail(session, actor, pool.id)
     removed = [

@@ -14,6 +14,8 @@ _QUOTA = {
         "resource": {"type": "string"},
         "max": {"type": "integer"},
         "used": {"type": "integer"},
+        # On the rows the tenant books against; absent on an offer's rows (owner's view).
+        "grant": {"anyOf": [{"$ref": "#/components/schemas/Grant"}, {"type": "null"}]},
     },
 }
 _COMPONENTS: dict[str, Any] = {
@@ -72,6 +74,64 @@ _COMPONENTS: dict[str, Any] = {
             "endedAt": {"type": ["string", "null"], "format": "date-time"},
         },
     },
+    "Grant": {
+        "type": "object",
+        "required": ["tenantId", "includeDescendants", "priority", "offeredAt"],
+        "properties": {
+            "via": {"enum": ["owner", "offer", "ancestorOffer"]},
+            "tenantId": {"type": "string"},
+            "includeDescendants": {"type": "boolean"},
+            "priority": {"type": "integer"},
+            "offeredAt": {"type": ["string", "null"], "format": "date-time"},
+        },
+    },
+    "Access": {
+        "type": "object",
+        "required": ["allowed", "permission", "binding", "grant", "deniedBy"],
+        "properties": {
+            "allowed": {"type": "boolean"},
+            "permission": {"type": "string"},
+            "binding": {
+                "type": "object",
+                "properties": {
+                    "callerId": {"type": "string"},
+                    "tenantId": {"type": "string"},
+                    "role": {"type": "string"},
+                    "where": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "actingFor": {"type": "string"},
+                    "fleetAdmin": {"type": "boolean"},
+                },
+            },
+            "grant": {"anyOf": [{"$ref": "#/components/schemas/Grant"}, {"type": "null"}]},
+            "deniedBy": {
+                "type": ["object", "null"],
+                "properties": {
+                    "check": {"enum": ["owner", "role", "where"]},
+                    "message": {"type": "string"},
+                    "key": {"type": "string"},
+                },
+            },
+        },
+    },
+    "Impact": {
+        "type": "object",
+        "required": ["tenantsLosingAccess", "quotaKept", "reservations", "offersEnded"],
+        "properties": {
+            "tenantsLosingAccess": {"type": "array", "items": {"type": "string"}},
+            "quotaKept": {
+                "type": "object",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                },
+            },
+            "reservations": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/Reservation"},
+            },
+            "offersEnded": {"type": "array", "items": {"type": "string"}},
+        },
+    },
     "Error": {
         "type": "object",
         "required": ["error"],
@@ -106,6 +166,7 @@ _RESULTS: dict[str, dict[str, Any]] = {
     "pool": {"$ref": "#/components/schemas/Pool"},
     "capacity": {"type": "array", "items": {"$ref": "#/components/schemas/CapacityRow"}},
     "removed": {"type": "boolean"},
+    "access": {"$ref": "#/components/schemas/Access"},
     "reservation": {"$ref": "#/components/schemas/Reservation"},
     "reservations": {"type": "array", "items": {"$ref": "#/components/schemas/Reservation"}},
 }
@@ -119,6 +180,19 @@ _ERRORS = {
     "429": "RESOURCE_EXHAUSTED",
     "503": "UNAVAILABLE",
 }
+
+
+# Writes that take `dryRun: true` answer {"impact": Impact} instead (CONTRACT section 10).
+_DRY_RUNS = ("unoffer", "archive")
+
+
+def _result_schema(name: str, key: str) -> dict[str, Any]:
+    result = {"type": "object", "required": [key], "properties": {key: _RESULTS[key]}}
+    if name not in _DRY_RUNS:
+        return result
+    impact = {"$ref": "#/components/schemas/Impact"}
+    dry = {"type": "object", "required": ["impact"], "properties": {"impact": impact}}
+    return {"oneOf": [result, dry]}
 
 
 @cache
@@ -150,13 +224,7 @@ def openapi_document() -> dict[str, Any]:
                     "200": {
                         "description": "OK",
                         "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": [m.result_key],
-                                    "properties": {m.result_key: _RESULTS[m.result_key]},
-                                }
-                            }
+                            "application/json": {"schema": _result_schema(m.name, m.result_key)}
                         },
                     },
                     **{

@@ -53,12 +53,19 @@ class Pool:
     archived: bool = strawberry.field(
         description="Whether it is retired; only the owner sees an archived pool."
     )
-    version: int = strawberry.field(description="Starts at 1; every update adds 1.")
+    version: int = strawberry.field(
+        description="Starts at 1; every write that changes what the pool shows (offer, "
+        "a removing unoffer, update, archive) adds 1. Pass it back as `version` on a write "
+        "to refuse the write if the pool has moved on."
+    )
     created_at: datetime = strawberry.field(description="When it was created.")
     updated_at: datetime = strawberry.field(description="When it last changed.")
     quotas: Sequence[QuotaView] = strawberry.field(
         graphql_type=list[Quota],
-        description="The acting tenant's own quota rows on the pool (never another tenant's).",
+        description="The quota rows the acting tenant books against on the pool, each with "
+        "its `grant`: its own, or for a descendant that sees the pool through an ancestor's "
+        "offer with includeDescendants, the ancestor's (read-only to it). Never another "
+        "guest's rows.",
     )
     capacity: Sequence[CapacityView] | Denied | None = strawberry.field(
         graphql_type=list[CapacityRow] | None,

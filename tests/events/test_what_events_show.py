@@ -81,7 +81,7 @@ async def test_no_event_carries_a_policy_secret(database_url: str, fleet: Fleet)
     assert [(e["type"], e["poolId"], e["pool"]["id"]) for e in seen] == [
         ("pool.updated", pool_id, pool_id)
     ] * 5
-    assert [e["data"]["version"] for e in seen] == [2, 2, 3, 3, 3]
+    assert [e["data"]["version"] for e in seen] == [3, 3, 4, 4, 4]  # after one offer
     # `pool` is read when the event is sent, so either policy may show; neither has a token.
     assert all(e["pool"]["policy"]["kubernetes"]["tokenSet"] is True for e in seen)
     assert seen[-1]["pool"]["policy"] == read
@@ -166,12 +166,12 @@ async def test_each_subscriber_reads_only_the_offers_it_may_query(
     own = ("pool.offered", "pool", _offer("acme", 8, True, 0))
     to_beta = ("pool.offered", "pool", _offer("beta", 2, False, 5))
     to_gamma = ("pool.offered", "pool", _offer("gamma", 3, True, 0))
-    updated = ("pool.updated", "pool", {"version": 2, "changed": ["policy"]})
+    updated = ("pool.updated", "pool", {"version": 5, "changed": ["policy"]})  # 3 offers
     unoffered = ("pool.unoffered", "pool", {"toTenantId": "beta"})
     created_a100 = ("pool.created", "other", _created_data(s.site, "A100"))
 
     def archived(*removed: str) -> tuple[str, str, Json]:
-        return ("pool.archived", "pool", {"removedTenantIds": list(removed), "version": 3})
+        return ("pool.archived", "pool", {"removedTenantIds": list(removed), "version": 7})
 
     assert received == {
         "owner admin": [
@@ -269,7 +269,7 @@ async def test_a_replay_from_a_cursor_shows_the_same(
     to_beta = ("pool.offered", _offer("beta", 2, True, 5))
     to_gamma = ("pool.offered", _offer("gamma", 3, False, 0))
     unoffered = ("pool.unoffered", {"toTenantId": "gamma"})
-    updated = ("pool.updated", {"version": 2, "changed": ["policy"]})
+    updated = ("pool.updated", {"version": 5, "changed": ["policy"]})  # after 3 (un)offers
     assert received == {
         "owner admin": [created, to_beta, to_gamma, unoffered, updated],
         "owner viewer": [created, updated],
