@@ -246,6 +246,21 @@ EXTENSION_METHODS: tuple[Method, ...] = (
         "access",
         authorization="any caller acting for the tenant @ compute-pool (visibility)",
     ),
+    _row(
+        "pools",
+        "lending",
+        "read",
+        roles.POOLS_SHARE,
+        "compute-tenant",
+        "extension",
+        "The lender's view of the tenant's fleet: every capacity row of the live pools it "
+        "owns (and may share), with what it offered to guests, their use and the "
+        "overcommit, the most overcommitted first; at most `first` rows.",
+        inputs.LendingInput,
+        lambda c, p, i: c.lending(p, i),
+        "lending",
+        authorization=f"{roles.POOLS_SHARE} @ compute-tenant + items",
+    ),
 )
 
 METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS + EXTENSION_METHODS

@@ -128,6 +128,13 @@ class ExplainAccessInput(MethodInput):
     permission: PoolPermission
 
 
+class LendingInput(MethodInput):
+    """The owner's capacity rows with what it lent, the most overcommitted first."""
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    first: Annotated[int, Field(ge=0, le=100)] = 50
+
+
 class CreateReservationInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")

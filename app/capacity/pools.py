@@ -23,13 +23,13 @@ from app.capacity.inputs import (
     ListPoolsInput,
     UpdatePoolInput,
 )
+from app.capacity.lending import lent_capacity
 from app.capacity.offers import offers_on, withdraw_offer
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
     Executor,
-    capacity_of,
     effective_quotas,
     load_lineage,
     offers_of,
@@ -87,7 +87,8 @@ async def pool_capacity(
     actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
     pool = await visible_pool(executor, actor, inp.pool_id)
     decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
-    return (await capacity_of(executor, [pool.id]))[pool.id]
+    # The owner (with share) also sees what it lent: offered, guestUsed, overcommit.
+    return (await lent_capacity(executor, principal, [pool]))[pool.id]
 
 
 # -- create --------------------------------------------------------------------------------

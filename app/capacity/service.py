@@ -12,7 +12,7 @@ from typing import TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import explain, offers, pools, reservations
+from app.capacity import explain, lending, offers, pools, reservations
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -20,6 +20,7 @@ from app.capacity.inputs import (
     CreateReservationInput,
     ExplainAccessInput,
     GetPoolInput,
+    LendingInput,
     ListPoolsInput,
     ListReservationsInput,
     OfferPoolInput,
@@ -31,6 +32,7 @@ from app.capacity.views import (
     AccessExplanation,
     CapacityView,
     ImpactView,
+    LendingRowView,
     PoolDetail,
     ReservationView,
 )
@@ -106,6 +108,10 @@ class Capacity:
     ) -> AccessExplanation:
         async with self.reading() as conn:
             return await explain.explain_access(conn, principal, inp)
+
+    async def lending(self, principal: Principal, inp: LendingInput) -> list[LendingRowView]:
+        async with self.reading() as conn:
+            return await lending.lending(conn, principal, inp)
 
     # -- reservations --------------------------------------------------------------------
 

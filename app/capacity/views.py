@@ -26,10 +26,21 @@ class CapacityView:
     total: int
     allocatable: int
     booked: int
+    # The lender's view (CONTRACT section 10), for a caller that reads the pool's offers;
+    # None for everyone else.
+    offered: int | None = None  # the sum of the guests' quota maxima
+    guest_used: int | None = None  # what the guests' reservations hold
 
     @property
     def available(self) -> int:
         return self.allocatable - self.booked
+
+    @property
+    def overcommit(self) -> float | None:
+        """offered / allocatable: above 1, guests were promised more than the pool has."""
+        if self.offered is None or self.allocatable <= 0:
+            return None
+        return self.offered / self.allocatable
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +151,44 @@ class ImpactView:
     quota_kept: dict[str, dict[str, int]]  # per tenant whose offer ends: {resource: used}
     reservations: tuple[ReservationView, ...]  # active, and affected
     offers_ended: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LendingRowView:
+    """One capacity row of a pool, with the lender's columns, for the owner's ranking."""
+
+    pool_id: str
+    capacity: CapacityView
+
+    # Flat, as the GraphQL LendingRow and the REST row show it.
+    @property
+    def resource(self) -> str:
+        return self.capacity.resource
+
+    @property
+    def total(self) -> int:
+        return self.capacity.total
+
+    @property
+    def allocatable(self) -> int:
+        return self.capacity.allocatable
+
+    @property
+    def booked(self) -> int:
+        return self.capacity.booked
+
+    @property
+    def available(self) -> int:
+        return self.capacity.available
+
+    @property
+    def offered(self) -> int:
+        return self.capacity.offered or 0
+
+    @property
+    def guest_used(self) -> int:
+        return self.capacity.guest_used or 0
+
+    @property
+    def overcommit(self) -> float | None:
+        return self.capacity.overcommit

@@ -24,9 +24,25 @@ _COMPONENTS: dict[str, Any] = {
         "type": "object",
         "required": ["resource", "total", "allocatable", "booked", "available"],
         "properties": {
-            k: {"type": "string" if k == "resource" else "integer"}
-            for k in ("resource", "total", "allocatable", "booked", "available")
+            **{
+                k: {"type": "string" if k == "resource" else "integer"}
+                for k in ("resource", "total", "allocatable", "booked", "available")
+            },
+            # The lender's view: present for the owner with compute:pools:share only.
+            "offered": {"type": "integer"},
+            "guestUsed": {"type": "integer"},
+            "overcommit": {"type": ["number", "null"]},
         },
+    },
+    "LendingRow": {
+        "allOf": [
+            {"$ref": "#/components/schemas/CapacityRow"},
+            {
+                "type": "object",
+                "required": ["poolId", "offered", "guestUsed", "overcommit"],
+                "properties": {"poolId": {"type": "string"}},
+            },
+        ]
     },
     "Offer": {
         "type": "object",
@@ -167,6 +183,7 @@ _RESULTS: dict[str, dict[str, Any]] = {
     "capacity": {"type": "array", "items": {"$ref": "#/components/schemas/CapacityRow"}},
     "removed": {"type": "boolean"},
     "access": {"$ref": "#/components/schemas/Access"},
+    "lending": {"type": "array", "items": {"$ref": "#/components/schemas/LendingRow"}},
     "reservation": {"$ref": "#/components/schemas/Reservation"},
     "reservations": {"type": "array", "items": {"$ref": "#/components/schemas/Reservation"}},
 }

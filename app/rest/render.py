@@ -11,6 +11,7 @@ from app.capacity.views import (
     CapacityView,
     GrantView,
     ImpactView,
+    LendingRowView,
     OfferView,
     PoolDetail,
     QuotaView,
@@ -33,13 +34,20 @@ def own_quota_json(q: QuotaView) -> dict[str, Any]:
 
 
 def capacity_json(c: CapacityView) -> dict[str, Any]:
-    return {
+    row: dict[str, Any] = {
         "resource": c.resource,
         "total": c.total,
         "allocatable": c.allocatable,
         "booked": c.booked,
         "available": c.available,
     }
+    if c.offered is not None:  # the lender's view: the owner with share only
+        row |= {"offered": c.offered, "guestUsed": c.guest_used, "overcommit": c.overcommit}
+    return row
+
+
+def lending_json(r: LendingRowView) -> dict[str, Any]:
+    return {"poolId": r.pool_id, **capacity_json(r.capacity)}
 
 
 def offer_json(o: OfferView) -> dict[str, Any]:
@@ -132,6 +140,8 @@ def render(result: object) -> Any:
         return capacity_json(result)
     if isinstance(result, ReservationView):
         return reservation_json(result)
+    if isinstance(result, LendingRowView):
+        return lending_json(result)
     if isinstance(result, ImpactView):
         return impact_json(result)
     if isinstance(result, AccessExplanation):

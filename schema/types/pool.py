@@ -15,6 +15,7 @@ from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
 from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
+from schema.types.lending import GuestLending
 from schema.types.offer import Offer
 from schema.types.quota import Quota
 from schema.types.reservation import ReservationConnection
@@ -77,6 +78,12 @@ class Pool:
         description="Every offer of the pool, the owner's own included. Shown to the owner "
         "with compute:pools:share only; otherwise null with a PERMISSION_DENIED error.",
     )
+    lending: Sequence[OfferView] | Denied | None = strawberry.field(
+        graphql_type=list[GuestLending] | None,
+        description="The lender's view: per guest tenant (the owner's own offer left out), "
+        "its offer, quota and use; at most 99 entries. Shown as `offers` is: to the owner "
+        "with compute:pools:share only, otherwise null with a PERMISSION_DENIED error.",
+    )
     view: strawberry.Private[PoolView]
     view_tenant: strawberry.Private[str]  # the acting tenant the pool was read for
 
@@ -108,6 +115,7 @@ def pool_from_view(
     quotas: Sequence[QuotaView],
     capacity: Sequence[CapacityView] | Denied | None,
     offers: Sequence[OfferView] | Denied | None,
+    lending: Sequence[OfferView] | Denied | None = None,
 ) -> Pool:
     return Pool(
         id=strawberry.ID(view.id),
@@ -130,6 +138,7 @@ def pool_from_view(
         quotas=quotas,
         capacity=capacity,
         offers=offers,
+        lending=lending,
         view=view,
         view_tenant=tenant_id,
     )
