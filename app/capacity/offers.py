@@ -7,6 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_pool_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
+from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
@@ -145,6 +146,14 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     if await session.get(Tenant, inp.to_tenant_id) is None:
         raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
 
+    before = (
+        None
+        if offer is None
+        else offer_entry(
+            offer.include_descendants, offer.priority, {r: q.max for r, q in rows.items()}
+        )
+    )
+    after_quota = {r: q.max for r, q in rows.items()}
     if offer is None:
         session.add(
             Offer(
@@ -171,6 +180,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             )
         else:
             row.max = max(maximum, row.used)  # never below what live reservations hold
+        after_quota[resource] = maximum if row is None else row.max
+    after = offer_entry(inp.include_descendants, inp.priority, after_quota)
     await write_authz_row(
         session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
     )
@@ -185,6 +196,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
                 "quota": dict(inp.quota),
                 "includeDescendants": inp.include_descendants,
                 "priority": inp.priority,
+                "version": pool.version,
+                "changes": offer_changes(inp.to_tenant_id, before, after),
             },
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
@@ -206,8 +219,17 @@ async def unoffer_pool(
     check_version(pool, inp.version)
     if inp.dry_run:
         return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
-    if await session.get(Offer, (pool.id, inp.to_tenant_id)) is None:
+    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
+    if offer is None:
         return False
+    rows = await session.execute(
+        select(QuotaRow.resource, QuotaRow.max).where(
+            QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
+        )
+    )
+    before = offer_entry(
+        offer.include_descendants, offer.priority, {r.resource: r.max for r in rows}
+    )
     await withdraw_offer(session, pool.id, inp.to_tenant_id)
     bump_version(pool)
     uow.emit(
@@ -215,7 +237,11 @@ async def unoffer_pool(
             type="pool.unoffered",
             pool_id=pool.id,
             tenant_id=actor.tenant_id,
-            data={"toTenantId": inp.to_tenant_id},
+            data={
+                "toTenantId": inp.to_tenant_id,
+                "version": pool.version,
+                "changes": offer_changes(inp.to_tenant_id, before, None),
+            },
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
     )

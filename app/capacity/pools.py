@@ -12,6 +12,7 @@ from app.capacity.access import (
     resolve_pool_actor,
     sees_offers,
 )
+from app.capacity.changes import Change, change, policy_changes
 from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.impact import archive_impact
@@ -222,6 +223,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
     changed: list[str] = []
+    changes: list[Change] = []
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
         policy = validate_policy(
@@ -236,9 +238,12 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
                 )
         if policy.get("prewarmImages") != pool.policy.get("prewarmImages"):
             site.agent_revision += 1  # the site's agents pick up the new desired state
+        changes += policy_changes(pool.policy, policy)
         pool.policy = policy
         changed.append("policy")
     if inp.gpu_model is not None:
+        if inp.gpu_model != pool.gpu_model:
+            changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
         pool.gpu_model = inp.gpu_model
         changed.append("gpuModel")
         await refresh_authz_rows(session, pool)
@@ -251,7 +256,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
             type="pool.updated",
             pool_id=pool.id,
             tenant_id=actor.tenant_id,
-            data={"version": pool.version, "changed": changed},
+            data={"version": pool.version, "changed": changed, "changes": changes},
             audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
         )
     )
