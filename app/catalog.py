@@ -229,7 +229,41 @@ RESERVATION_METHODS: tuple[Method, ...] = (
     ),
 )
 
-METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS
+# CONTRACT section 10's extensions that are methods of their own.
+EXTENSION_METHODS: tuple[Method, ...] = (
+    _row(
+        "pools",
+        "explain",
+        "read",
+        roles.POOLS_READ,
+        "compute-pool",
+        "extension",
+        "Explains whether the calling principal holds a permission on a pool as the tenant, "
+        "and why: its binding, the offer that grants the pool, or the first check that fails. "
+        "A pool the tenant cannot see is answered as `get` answers it.",
+        inputs.ExplainAccessInput,
+        lambda c, p, i: c.explain_access(p, i),
+        "access",
+        authorization="any caller acting for the tenant @ compute-pool (visibility)",
+    ),
+    _row(
+        "pools",
+        "lending",
+        "read",
+        roles.POOLS_SHARE,
+        "compute-tenant",
+        "extension",
+        "The lender's view of the tenant's fleet: every capacity row of the live pools it "
+        "owns (and may share), with what it offered to guests, their use and the "
+        "overcommit, the most overcommitted first; at most `first` rows.",
+        inputs.LendingInput,
+        lambda c, p, i: c.lending(p, i),
+        "lending",
+        authorization=f"{roles.POOLS_SHARE} @ compute-tenant + items",
+    ),
+)
+
+METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS + EXTENSION_METHODS
 _BY_PATH = {m.path: m for m in METHODS}
 
 

@@ -48,7 +48,12 @@ from graphql.pyutils import Undefined
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
 
-from app.capacity.bounds import MAX_CAPACITY_ROWS, MAX_OFFERS_PER_POOL, MAX_RESOURCES
+from app.capacity.bounds import (
+    MAX_CAPACITY_ROWS,
+    MAX_IMPACT_ITEMS,
+    MAX_OFFERS_PER_POOL,
+    MAX_RESOURCES,
+)
 from app.capacity.paging import MAX_PAGE_SIZE
 from app.catalog import POOL_METHODS
 from app.observe import request_info
@@ -64,6 +69,11 @@ LIST_BOUNDS: Mapping[tuple[str, str], int] = {
     ("Pool", "offers"): MAX_OFFERS_PER_POOL,
     ("Offer", "quotas"): MAX_RESOURCES,
     ("Reservation", "resources"): MAX_RESOURCES,
+    ("Pool", "lending"): MAX_OFFERS_PER_POOL,
+    ("GuestLending", "quotas"): MAX_RESOURCES,
+    ("Impact", "tenantsLosingAccess"): MAX_IMPACT_ITEMS,
+    ("Impact", "reservations"): MAX_IMPACT_ITEMS,
+    ("Impact", "offersEnded"): MAX_OFFERS_PER_POOL,
 }
 # Root `quotas` without `poolId`: the tenant's rows in every pool it sees, which nothing
 # bounds; counted as the rows of one full page of pools. Its items are flat (no list

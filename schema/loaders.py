@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from strawberry.dataloader import DataLoader
 
 from app.capacity import listing
+from app.capacity.lending import GuestTotals, guest_totals
 from app.capacity.paging import Page, PageRequest
 from app.capacity.reads import capacity_of, offers_of, quotas_of
 from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView, ReservationView
@@ -59,6 +60,7 @@ class Loaders:
     offers: DataLoader[str, tuple[OfferView, ...]]
     pools: DataLoader[TenantPool, PoolView | None]
     reservations: DataLoader[ReservationPageKey, Page[ReservationView]]
+    guest_totals: DataLoader[str, dict[str, tuple[int, int]]]
 
 
 def create_loaders(reads: ReadScope, principal: Callable[[], Awaitable[Principal]]) -> Loaders:
@@ -77,6 +79,13 @@ def create_loaders(reads: ReadScope, principal: Callable[[], Awaitable[Principal
     async def load_capacity(keys: list[str]) -> list[tuple[CapacityView, ...]]:
         async def work(conn: AsyncConnection) -> dict[str, tuple[CapacityView, ...]]:
             return await capacity_of(conn, keys)
+
+        rows = await reads.run(work)
+        return [rows[key] for key in keys]
+
+    async def load_guest_totals(keys: list[str]) -> list[dict[str, tuple[int, int]]]:
+        async def work(conn: AsyncConnection) -> GuestTotals:
+            return await guest_totals(conn, keys)
 
         rows = await reads.run(work)
         return [rows[key] for key in keys]
@@ -126,4 +135,5 @@ def create_loaders(reads: ReadScope, principal: Callable[[], Awaitable[Principal
         offers=DataLoader(load_offers),
         pools=DataLoader(load_pools),
         reservations=DataLoader(load_reservations),
+        guest_totals=DataLoader(load_guest_totals),
     )

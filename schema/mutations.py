@@ -9,8 +9,8 @@ from typing import Annotated, Any, Protocol
 
 import strawberry
 
-from app.capacity.inputs import parse_input
-from app.capacity.views import PoolDetail, ReservationView
+from app.capacity.inputs import GetPoolInput, parse_input
+from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
 from schema.context import Context
 from schema.lookahead import selected_below
@@ -24,7 +24,13 @@ from schema.types.inputs import (
     UnofferPoolInput,
     UpdatePoolInput,
 )
-from schema.types.payloads import PoolPayload, ReservationPayload, UnofferPoolPayload
+from schema.types.payloads import (
+    ArchivePoolPayload,
+    Impact,
+    PoolPayload,
+    ReservationPayload,
+    UnofferPoolPayload,
+)
 from schema.types.reservation import Reservation
 
 Info = strawberry.Info[Context, None]
@@ -125,7 +131,10 @@ class Mutation:
         "drop to what is in use. Emits pool.unoffered only when an offer was removed."
     )
     async def unoffer_pool(self, info: Info, input: UnofferPoolArgument) -> UnofferPoolPayload:
-        return UnofferPoolPayload(removed=await _call(info, "pools", "unoffer", input))
+        result = await _call(info, "pools", "unoffer", input)
+        if isinstance(result, ImpactView):
+            return UnofferPoolPayload(removed=False, impact=Impact.from_view(result))
+        return UnofferPoolPayload(removed=result)
 
     @strawberry.mutation(
         description="The seed's `update`: replaces the policy, the GPU model or both, and "
@@ -137,11 +146,20 @@ class Mutation:
 
     @strawberry.mutation(
         description="The seed's `archive`: removes every offer and stops new work; live "
-        "reservations keep their bookings. Emits pool.archived."
+        "reservations keep their bookings. Emits pool.archived. With dryRun: the impact, "
+        "nothing written."
     )
-    async def archive_pool(self, info: Info, input: ArchivePoolArgument) -> PoolPayload:
-        detail = await _call(info, "pools", "archive", input)
-        return await _pool_payload(info, input.tenant_id, detail)
+    async def archive_pool(self, info: Info, input: ArchivePoolArgument) -> ArchivePoolPayload:
+        result = await _call(info, "pools", "archive", input)
+        impact = None
+        if isinstance(result, ImpactView):
+            # A dry run wrote nothing: the pool as it is, read as `pool` reads it.
+            impact = Impact.from_view(result)
+            principal = await info.context.principal()
+            inp = parse_input(GetPoolInput, {"tenantId": input.tenant_id, "poolId": input.pool_id})
+            result = await info.context.capacity.get_pool(principal, inp)
+        payload = await _pool_payload(info, input.tenant_id, result)
+        return ArchivePoolPayload(pool=payload.pool, impact=impact)
 
     @strawberry.mutation(
         description="Books resources in a visible pool against the tenant's quota and the "

@@ -8,20 +8,25 @@ from typing import Annotated
 
 import strawberry
 
-from app.capacity import listing, pools
+from app.capacity import explain, listing, pools
+from app.capacity import lending as lender
 from app.capacity.inputs import (
     CapacityInput,
+    ExplainAccessInput,
     GetPoolInput,
+    LendingInput,
     ListPoolsInput,
     ListQuotasInput,
     parse_input,
 )
-from app.capacity.views import CapacityView, QuotaView
+from app.capacity.views import AccessExplanation, CapacityView, LendingRowView, QuotaView
 from app.catalog import POOL_METHODS
 from schema.context import Context
 from schema.lookahead import selected_below
 from schema.pool_nodes import build_pools, pool_from_detail
+from schema.types.access import Access
 from schema.types.capacity_row import CapacityRow
+from schema.types.lending import LendingRow
 from schema.types.method import Method
 from schema.types.pool import Pool
 from schema.types.pool_connection import PoolConnection
@@ -99,8 +104,9 @@ class Query:
 
     @strawberry.field(
         graphql_type=list[Quota],
-        description="The tenant's own quota rows, in every pool it may read or in one "
-        "(NOT_FOUND, as `pool`, when that one is not visible).",
+        description="The quota rows the tenant books against, each with its `grant` (its "
+        "own offer, or an ancestor's with includeDescendants), in every pool it may read or "
+        "in one (NOT_FOUND, as `pool`, when that one is not visible).",
     )
     async def quotas(
         self,
@@ -117,6 +123,55 @@ class Query:
             payload["poolId"] = pool_id
         inp = parse_input(ListQuotasInput, payload)
         return await ctx.reads.run(lambda conn: listing.list_quotas(conn, principal, inp))
+
+    @strawberry.field(
+        graphql_type=Access,
+        description="Why can I see this (REST `pools/explain`): whether the calling principal "
+        "holds `permission` on the pool as the tenant, with its binding, the offer that "
+        "grants the pool, or the first check that fails. A pool the tenant cannot see is "
+        "answered exactly as `pool` answers it.",
+    )
+    async def access(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        pool_id: Annotated[strawberry.ID, strawberry.argument(description=_POOL)],
+        permission: Annotated[
+            str,
+            strawberry.argument(
+                description="A permission decided on a pool: compute:pools:read, "
+                "compute:capacity:read, compute:pools:manage, compute:pools:share, "
+                "compute:reservations:read or compute:reservations:write."
+            ),
+        ],
+    ) -> AccessExplanation:
+        ctx = info.context
+        principal = await ctx.principal()
+        payload = {"tenantId": tenant_id, "poolId": pool_id, "permission": permission}
+        inp = parse_input(ExplainAccessInput, payload)
+        return await ctx.reads.run(lambda conn: explain.explain_access(conn, principal, inp))
+
+    @strawberry.field(
+        graphql_type=list[LendingRow],
+        description="The lender's view of the tenant's fleet (REST `pools/lending`): every "
+        "capacity row of the live pools it owns and may share (compute:pools:share), with "
+        "what it offered to guests, their use and the overcommit, the most overcommitted "
+        "first (lent capacity on a pool with none allocatable ranks first of all). At most "
+        "`first` rows, 0 to 100.",
+    )
+    async def lending(
+        self,
+        info: Info,
+        tenant_id: Annotated[str, strawberry.argument(description=_TENANT)],
+        first: Annotated[int | None, strawberry.argument(description="How many rows.")] = 50,
+    ) -> list[LendingRowView]:
+        ctx = info.context
+        principal = await ctx.principal()
+        payload: dict[str, object] = {"tenantId": tenant_id}
+        if first is not None:
+            payload["first"] = first
+        inp = parse_input(LendingInput, payload)
+        return await ctx.reads.run(lambda conn: lender.lending(conn, principal, inp))
 
     @strawberry.field(description="The seed's method table for the pools group.")
     async def catalog(self, info: Info) -> list[Method]:

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.errors import PermissionDenied, pool_not_found
+from app.capacity.errors import Conflict, PermissionDenied, pool_not_found
 from app.capacity.reads import (
     Actor,
     Executor,
+    effective_quotas,
     load_lineage,
     offers_of,
-    quotas_of,
     visible_pool,
 )
 from app.capacity.views import PoolDetail, PoolView
@@ -94,6 +94,18 @@ async def lock_owned_pool(
     return pool
 
 
+def check_version(pool: Pool, expected: int | None) -> None:
+    """Optimistic concurrency (CONTRACT section 10): a write that names the version it read
+    is refused, changing nothing, once the pool has moved on. Runs under the pool's lock, so
+    of two writers that read the same version exactly one gets past it."""
+    if expected is not None and expected != pool.version:
+        raise Conflict(
+            f"pool {pool.id} is at version {pool.version}, not {expected}",
+            field="version",
+            currentVersion=pool.version,
+        )
+
+
 def reads_offers(principal: Principal, owned: bool, attributes: PoolAttributes) -> bool:
     """Whether a caller reads a pool's offers (other tenants' quotas, priorities): its tenant
     owns the pool and its role grants compute:pools:share on it. Reads and events ask this."""
@@ -127,7 +139,7 @@ def capacity_denied(principal: Principal, pool: PoolView) -> PermissionDenied | 
 async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDetail:
     """The pool as the actor's tenant sees it: its own quota rows, offers for the owner."""
     pool = await visible_pool(executor, actor, pool_id)
-    quotas = (await quotas_of(executor, actor.tenant_id, [pool_id]))[pool_id]
+    quotas = (await effective_quotas(executor, [pool]))[pool_id]
     offers = (
         (await offers_of(executor, [pool_id]))[pool_id]
         if sees_offers(actor.principal, pool)

@@ -15,3 +15,6 @@ MAX_RESOURCES: Final = 16
 MAX_OFFERS_PER_POOL: Final = 100
 # Capacity rows of one pool: gpu, plus gpu.mig or gpu.slot (app/capacity/rollup.py).
 MAX_CAPACITY_ROWS: Final = 3
+# Tenants losing access and reservations one dry run lists (unoffer, archive); past it
+# the impact is cut there and says `truncated: true`.
+MAX_IMPACT_ITEMS: Final = 100

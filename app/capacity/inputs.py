@@ -59,6 +59,11 @@ Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
 Agent = Literal["bcd", "none"]
 
 
+# The pool version a write expects (CONTRACT section 10); when the pool has moved past it
+# the write is CONFLICT with details.currentVersion.
+ExpectedVersion = Annotated[int, Field(ge=1, le=2**31 - 1), INTEGRAL]
+
+
 class MethodInput(BaseModel):
     # Strict: "5" is not 5 and true is not 1; unknown fields are refused.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=False)
@@ -113,12 +118,16 @@ class OfferPoolInput(MethodInput):
     quota: QuotaMap
     include_descendants: bool = Field(default=False, alias="includeDescendants")
     priority: Annotated[int, Field(ge=-1000, le=1000), INTEGRAL] = 0
+    version: ExpectedVersion | None = None
 
 
 class UnofferPoolInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId = Field(alias="poolId")
     to_tenant_id: TenantId = Field(alias="toTenantId")
+    version: ExpectedVersion | None = None
+    # Answer the impact instead of acting: nothing written, no event (CONTRACT section 10).
+    dry_run: bool = Field(default=False, alias="dryRun")
 
 
 class UpdatePoolInput(MethodInput):
@@ -136,10 +145,38 @@ class UpdatePoolInput(MethodInput):
     pool_id: PoolId = Field(alias="poolId")
     policy: dict[str, Any] | None = None
     gpu_model: GpuModel | None = Field(default=None, alias="gpuModel")
+    version: ExpectedVersion | None = None
 
 
 class ArchivePoolInput(GetPoolInput):
-    pass
+    version: ExpectedVersion | None = None
+    dry_run: bool = Field(default=False, alias="dryRun")
+
+
+# Permissions decided on a pool (compute-pool), the ones `explain` can answer for.
+PoolPermission = Literal[
+    "compute:pools:read",
+    "compute:capacity:read",
+    "compute:pools:manage",
+    "compute:pools:share",
+    "compute:reservations:read",
+    "compute:reservations:write",
+]
+
+
+class ExplainAccessInput(MethodInput):
+    """Why the calling principal may or may not use `permission` on a pool as `tenantId`."""
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    permission: PoolPermission
+
+
+class LendingInput(MethodInput):
+    """The owner's capacity rows with what it lent, the most overcommitted first."""
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    first: Annotated[int, Field(ge=0, le=100)] = 50
 
 
 class CreateReservationInput(MethodInput):

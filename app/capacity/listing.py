@@ -19,7 +19,7 @@ from app.capacity.inputs import (
 from app.capacity.paging import Page, PageRequest, page_request
 from app.capacity.reads import (
     Executor,
-    quotas_of,
+    effective_quotas,
     reservations_pages,
     visible_pool,
     visible_pools,
@@ -81,15 +81,15 @@ async def list_quotas(
     if inp.pool_id is not None:
         pool = await visible_pool(executor, actor, inp.pool_id)
         decide_pool(principal, POOLS_READ, pool.grant.attributes)
-        ids = [pool.id]
+        pools = [pool]
     else:
-        ids = [
-            p.id
+        pools = [
+            p
             for p in await visible_pools(executor, actor)
             if allows_pool(principal, POOLS_READ, p.grant.attributes)
         ]
-    quotas = await quotas_of(executor, actor.tenant_id, ids)
-    return [row for pool_id in ids for row in quotas[pool_id]]
+    quotas = await effective_quotas(executor, pools)
+    return [row for pool in pools for row in quotas[pool.id]]
 
 
 def check_reservations(principal: Principal, pool: PoolView) -> None:

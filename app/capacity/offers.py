@@ -5,14 +5,16 @@ from __future__ import annotations
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import lock_owned_pool, pool_detail, resolve_pool_actor
+from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_pool_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
+from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
+from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
-from app.capacity.views import PoolDetail
-from app.db.models import Node, Offer, Pool, QuotaRow, Tenant
+from app.capacity.views import ImpactView, PoolDetail
+from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
 from app.db.uow import UnitOfWork
 from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
@@ -86,6 +88,13 @@ async def _check_offer_bounds(
             )
 
 
+def bump_version(pool: Pool) -> None:
+    """Every write that changes what the pool shows (its offers and quota maxima included)
+    moves it to the next version; bookings change only `used` and leave it (ADR 0004)."""
+    pool.version += 1
+    pool.updated_at = utcnow()
+
+
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
     query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
@@ -116,6 +125,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     await _check_offer_state(uow, pool, inp)
@@ -136,6 +146,14 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     if await session.get(Tenant, inp.to_tenant_id) is None:
         raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
 
+    before = (
+        None
+        if offer is None
+        else offer_entry(
+            offer.include_descendants, offer.priority, {r: q.max for r, q in rows.items()}
+        )
+    )
+    after_quota = {r: q.max for r, q in rows.items()}
     if offer is None:
         session.add(
             Offer(
@@ -162,9 +180,12 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             )
         else:
             row.max = max(maximum, row.used)  # never below what live reservations hold
+        after_quota[resource] = maximum if row is None else row.max
+    after = offer_entry(inp.include_descendants, inp.priority, after_quota)
     await write_authz_row(
         session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
     )
+    bump_version(pool)
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -175,6 +196,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
                 "quota": dict(inp.quota),
                 "includeDescendants": inp.include_descendants,
                 "priority": inp.priority,
+                "version": pool.version,
+                "changes": offer_changes(inp.to_tenant_id, before, after),
             },
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
@@ -185,21 +208,40 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     return await pool_detail(session, seen_by, pool.id)
 
 
-async def unoffer_pool(uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput) -> bool:
+async def unoffer_pool(
+    uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
+) -> bool | ImpactView:
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
-    if await session.get(Offer, (pool.id, inp.to_tenant_id)) is None:
+    check_version(pool, inp.version)
+    if inp.dry_run:
+        return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
+    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
+    if offer is None:
         return False
+    rows = await session.execute(
+        select(QuotaRow.resource, QuotaRow.max).where(
+            QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
+        )
+    )
+    before = offer_entry(
+        offer.include_descendants, offer.priority, {r.resource: r.max for r in rows}
+    )
     await withdraw_offer(session, pool.id, inp.to_tenant_id)
+    bump_version(pool)
     uow.emit(
         PendingEvent(
             type="pool.unoffered",
             pool_id=pool.id,
             tenant_id=actor.tenant_id,
-            data={"toTenantId": inp.to_tenant_id},
+            data={
+                "toTenantId": inp.to_tenant_id,
+                "version": pool.version,
+                "changes": offer_changes(inp.to_tenant_id, before, None),
+            },
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
     )

@@ -5,14 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from app.capacity.access import (
+    check_version,
     lock_owned_pool,
     pool_detail,
     resolve_actor,
     resolve_pool_actor,
     sees_offers,
 )
+from app.capacity.changes import Change, change, policy_changes
 from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.idempotency import IdempotentCreate
+from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -21,22 +24,22 @@ from app.capacity.inputs import (
     ListPoolsInput,
     UpdatePoolInput,
 )
+from app.capacity.lending import lent_capacity
 from app.capacity.offers import offers_on, withdraw_offer
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
     Executor,
-    capacity_of,
+    effective_quotas,
     load_lineage,
     offers_of,
-    quotas_of,
     visible_pool,
     visible_pools,
 )
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
-from app.capacity.views import CapacityView, PoolDetail
+from app.capacity.views import CapacityView, ImpactView, PoolDetail
 from app.db.models import (
     Offer,
     Pool,
@@ -66,8 +69,7 @@ async def list_pools(
         for p in await visible_pools(executor, actor)
         if allows_pool(principal, POOLS_READ, p.grant.attributes)
     ]
-    ids = [p.id for p in pools]
-    quotas = await quotas_of(executor, actor.tenant_id, ids)
+    quotas = await effective_quotas(executor, pools)
     offered = [p.id for p in pools if sees_offers(principal, p)]
     offers = await offers_of(executor, offered) if offered else {}
     return [PoolDetail(p, quotas[p.id], offers.get(p.id)) for p in pools]
@@ -86,7 +88,8 @@ async def pool_capacity(
     actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
     pool = await visible_pool(executor, actor, inp.pool_id)
     decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
-    return (await capacity_of(executor, [pool.id]))[pool.id]
+    # The owner (with share) also sees what it lent: offered, guestUsed, overcommit.
+    return (await lent_capacity(executor, principal, [pool]))[pool.id]
 
 
 # -- create --------------------------------------------------------------------------------
@@ -210,6 +213,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
         # create requires of a new pool).
@@ -219,6 +223,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
     changed: list[str] = []
+    changes: list[Change] = []
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
         policy = validate_policy(
@@ -233,9 +238,12 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
                 )
         if policy.get("prewarmImages") != pool.policy.get("prewarmImages"):
             site.agent_revision += 1  # the site's agents pick up the new desired state
+        changes += policy_changes(pool.policy, policy)
         pool.policy = policy
         changed.append("policy")
     if inp.gpu_model is not None:
+        if inp.gpu_model != pool.gpu_model:
+            changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
         pool.gpu_model = inp.gpu_model
         changed.append("gpuModel")
         await refresh_authz_rows(session, pool)
@@ -248,7 +256,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
             type="pool.updated",
             pool_id=pool.id,
             tenant_id=actor.tenant_id,
-            data={"version": pool.version, "changed": changed},
+            data={"version": pool.version, "changed": changed, "changes": changes},
             audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
         )
     )
@@ -258,10 +266,15 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
 # -- archive -------------------------------------------------------------------------------
 
 
-async def archive_pool(uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
+async def archive_pool(
+    uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
+) -> PoolDetail | ImpactView:
     session = uow.session
     actor = await resolve_pool_actor(session, principal, inp.tenant_id)
     pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    check_version(pool, inp.version)
+    if inp.dry_run:
+        return await archive_impact(session, principal, pool)
     if pool.archived:
         return await pool_detail(session, actor, pool.id)
     removed = [

@@ -15,6 +15,7 @@ from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
     Grant,
+    GrantView,
     OfferView,
     PoolView,
     QuotaView,
@@ -162,15 +163,48 @@ async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolVi
 async def quotas_of(
     executor: Executor, tenant_id: str, pool_ids: Sequence[str]
 ) -> dict[str, tuple[QuotaView, ...]]:
+    """`tenant_id`'s rows in each pool, each with the tenant's offer there as its grant."""
     rows = await executor.execute(
-        select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
+        select(
+            QuotaRow.pool_id,
+            QuotaRow.resource,
+            QuotaRow.max,
+            QuotaRow.used,
+            Offer.tenant_id.label("offer_tenant"),
+            Offer.include_descendants,
+            Offer.priority,
+            Offer.created_at,
+        )
+        .outerjoin(
+            Offer,
+            and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+        )
         .where(QuotaRow.tenant_id == tenant_id, QuotaRow.pool_id.in_(pool_ids))
         .order_by(QuotaRow.pool_id, QuotaRow.resource)
     )
     found: dict[str, list[QuotaView]] = defaultdict(list)
     for r in rows:
-        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used, r.pool_id))
+        grant = (
+            None
+            if r.offer_tenant is None
+            else GrantView(None, tenant_id, r.include_descendants, r.priority, r.created_at)
+        )
+        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used, r.pool_id, grant))
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
+
+
+async def effective_quotas(
+    executor: Executor, pools: Sequence[PoolView]
+) -> dict[str, tuple[QuotaView, ...]]:
+    """The rows each pool's viewer books against: those of the tenant whose offer grants it
+    the pool (its own, or an ancestor's with includeDescendants), as reservations book."""
+    by_grant: dict[str, list[str]] = defaultdict(list)
+    for pool in pools:
+        by_grant[pool.grant.tenant_id].append(pool.id)
+    found: dict[str, tuple[QuotaView, ...]] = {}
+    for tenant_id, pool_ids in by_grant.items():
+        found.update(await quotas_of(executor, tenant_id, pool_ids))
+    return found
 
 
 async def capacity_of(

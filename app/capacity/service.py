@@ -12,13 +12,15 @@ from typing import TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import offers, pools, reservations
+from app.capacity import explain, lending, offers, pools, reservations
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
     CreatePoolInput,
     CreateReservationInput,
+    ExplainAccessInput,
     GetPoolInput,
+    LendingInput,
     ListPoolsInput,
     ListReservationsInput,
     OfferPoolInput,
@@ -26,7 +28,14 @@ from app.capacity.inputs import (
     UnofferPoolInput,
     UpdatePoolInput,
 )
-from app.capacity.views import CapacityView, PoolDetail, ReservationView
+from app.capacity.views import (
+    AccessExplanation,
+    CapacityView,
+    ImpactView,
+    LendingRowView,
+    PoolDetail,
+    ReservationView,
+)
 from app.db.engine import Database
 from app.db.uow import Notify, UnitOfWork
 from app.iam.principal import Principal
@@ -83,14 +92,26 @@ class Capacity:
     async def offer_pool(self, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
         return await self._write(lambda uow: offers.offer_pool(uow, principal, inp), retry=False)
 
-    async def unoffer_pool(self, principal: Principal, inp: UnofferPoolInput) -> bool:
+    async def unoffer_pool(self, principal: Principal, inp: UnofferPoolInput) -> bool | ImpactView:
         return await self._write(lambda uow: offers.unoffer_pool(uow, principal, inp), retry=False)
 
     async def update_pool(self, principal: Principal, inp: UpdatePoolInput) -> PoolDetail:
         return await self._write(lambda uow: pools.update_pool(uow, principal, inp), retry=False)
 
-    async def archive_pool(self, principal: Principal, inp: ArchivePoolInput) -> PoolDetail:
+    async def archive_pool(
+        self, principal: Principal, inp: ArchivePoolInput
+    ) -> PoolDetail | ImpactView:
         return await self._write(lambda uow: pools.archive_pool(uow, principal, inp), retry=False)
+
+    async def explain_access(
+        self, principal: Principal, inp: ExplainAccessInput
+    ) -> AccessExplanation:
+        async with self.reading() as conn:
+            return await explain.explain_access(conn, principal, inp)
+
+    async def lending(self, principal: Principal, inp: LendingInput) -> list[LendingRowView]:
+        async with self.reading() as conn:
+            return await lending.lending(conn, principal, inp)
 
     # -- reservations --------------------------------------------------------------------
 

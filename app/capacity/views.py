@@ -15,6 +15,9 @@ class QuotaView:
     max: int
     used: int
     pool_id: str
+    # The offer that gives the row, on the rows a tenant books against (CONTRACT section
+    # 10); None on an offer's rows in the owner's `offers`, where the offer says it.
+    grant: GrantView | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +26,21 @@ class CapacityView:
     total: int
     allocatable: int
     booked: int
+    # The lender's view (CONTRACT section 10), for a caller that reads the pool's offers;
+    # None for everyone else.
+    offered: int | None = None  # the sum of the guests' quota maxima
+    guest_used: int | None = None  # what the guests' reservations hold
 
     @property
     def available(self) -> int:
         return self.allocatable - self.booked
+
+    @property
+    def overcommit(self) -> float | None:
+        """offered / allocatable: above 1, guests were promised more than the pool has."""
+        if self.offered is None or self.allocatable <= 0:
+            return None
+        return self.offered / self.allocatable
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +99,98 @@ class ReservationView:
     state: str
     created_at: datetime
     ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class GrantView:
+    """The offer that lets a tenant see a pool (CONTRACT section 10): `via` is `owner`, `offer`
+    (the tenant's own) or `ancestorOffer` (an ancestor's with includeDescendants)."""
+
+    via: str | None  # None on quota rows
+    tenant_id: str
+    include_descendants: bool
+    priority: int
+    offered_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BindingView:
+    """The caller's one role binding, and the tenant it acts for."""
+
+    caller_id: str
+    tenant_id: str
+    role: str
+    where: dict[str, str]
+    acting_for: str
+    fleet_admin: bool  # acting for another tenant as the fleet's admin
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """The first check that fails: `owner`, `role` or `where` (a binding condition)."""
+
+    check: str
+    message: str
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessExplanation:
+    allowed: bool
+    permission: str
+    binding: BindingView
+    grant: GrantView | None  # None when the caller may not read the pool
+    denied_by: Denial | None
+
+
+@dataclass(frozen=True, slots=True)
+class ImpactView:
+    """What an unoffer or archive would change (a dry run)."""
+
+    tenants_losing_access: tuple[str, ...]
+    quota_kept: dict[str, dict[str, int]]  # per tenant whose offer ends: {resource: used}
+    reservations: tuple[ReservationView, ...]  # active, and affected
+    offers_ended: tuple[str, ...]
+    # More tenants or reservations than MAX_IMPACT_ITEMS were affected; the lists stop there.
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LendingRowView:
+    """One capacity row of a pool, with the lender's columns, for the owner's ranking."""
+
+    pool_id: str
+    capacity: CapacityView
+
+    # Flat, as the GraphQL LendingRow and the REST row show it.
+    @property
+    def resource(self) -> str:
+        return self.capacity.resource
+
+    @property
+    def total(self) -> int:
+        return self.capacity.total
+
+    @property
+    def allocatable(self) -> int:
+        return self.capacity.allocatable
+
+    @property
+    def booked(self) -> int:
+        return self.capacity.booked
+
+    @property
+    def available(self) -> int:
+        return self.capacity.available
+
+    @property
+    def offered(self) -> int:
+        return self.capacity.offered or 0
+
+    @property
+    def guest_used(self) -> int:
+        return self.capacity.guest_used or 0
+
+    @property
+    def overcommit(self) -> float | None:
+        return self.capacity.overcommit

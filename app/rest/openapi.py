@@ -14,6 +14,8 @@ _QUOTA = {
         "resource": {"type": "string"},
         "max": {"type": "integer"},
         "used": {"type": "integer"},
+        # On the rows the tenant books against; absent on an offer's rows (owner's view).
+        "grant": {"anyOf": [{"$ref": "#/components/schemas/Grant"}, {"type": "null"}]},
     },
 }
 _COMPONENTS: dict[str, Any] = {
@@ -22,9 +24,25 @@ _COMPONENTS: dict[str, Any] = {
         "type": "object",
         "required": ["resource", "total", "allocatable", "booked", "available"],
         "properties": {
-            k: {"type": "string" if k == "resource" else "integer"}
-            for k in ("resource", "total", "allocatable", "booked", "available")
+            **{
+                k: {"type": "string" if k == "resource" else "integer"}
+                for k in ("resource", "total", "allocatable", "booked", "available")
+            },
+            # The lender's view: present for the owner with compute:pools:share only.
+            "offered": {"type": "integer"},
+            "guestUsed": {"type": "integer"},
+            "overcommit": {"type": ["number", "null"]},
         },
+    },
+    "LendingRow": {
+        "allOf": [
+            {"$ref": "#/components/schemas/CapacityRow"},
+            {
+                "type": "object",
+                "required": ["poolId", "offered", "guestUsed", "overcommit"],
+                "properties": {"poolId": {"type": "string"}},
+            },
+        ]
     },
     "Offer": {
         "type": "object",
@@ -72,6 +90,71 @@ _COMPONENTS: dict[str, Any] = {
             "endedAt": {"type": ["string", "null"], "format": "date-time"},
         },
     },
+    "Grant": {
+        "type": "object",
+        "required": ["tenantId", "includeDescendants", "priority", "offeredAt"],
+        "properties": {
+            "via": {"enum": ["owner", "offer", "ancestorOffer"]},
+            "tenantId": {"type": "string"},
+            "includeDescendants": {"type": "boolean"},
+            "priority": {"type": "integer"},
+            "offeredAt": {"type": ["string", "null"], "format": "date-time"},
+        },
+    },
+    "Access": {
+        "type": "object",
+        "required": ["allowed", "permission", "binding", "grant", "deniedBy"],
+        "properties": {
+            "allowed": {"type": "boolean"},
+            "permission": {"type": "string"},
+            "binding": {
+                "type": "object",
+                "properties": {
+                    "callerId": {"type": "string"},
+                    "tenantId": {"type": "string"},
+                    "role": {"type": "string"},
+                    "where": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "actingFor": {"type": "string"},
+                    "fleetAdmin": {"type": "boolean"},
+                },
+            },
+            "grant": {"anyOf": [{"$ref": "#/components/schemas/Grant"}, {"type": "null"}]},
+            "deniedBy": {
+                "type": ["object", "null"],
+                "properties": {
+                    "check": {"enum": ["owner", "role", "where"]},
+                    "message": {"type": "string"},
+                    "key": {"type": "string"},
+                },
+            },
+        },
+    },
+    "Impact": {
+        "type": "object",
+        "required": [
+            "tenantsLosingAccess",
+            "quotaKept",
+            "reservations",
+            "offersEnded",
+            "truncated",
+        ],
+        "properties": {
+            "tenantsLosingAccess": {"type": "array", "items": {"type": "string"}},
+            "quotaKept": {
+                "type": "object",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                },
+            },
+            "reservations": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/Reservation"},
+            },
+            "offersEnded": {"type": "array", "items": {"type": "string"}},
+            "truncated": {"type": "boolean"},
+        },
+    },
     "Error": {
         "type": "object",
         "required": ["error"],
@@ -106,6 +189,8 @@ _RESULTS: dict[str, dict[str, Any]] = {
     "pool": {"$ref": "#/components/schemas/Pool"},
     "capacity": {"type": "array", "items": {"$ref": "#/components/schemas/CapacityRow"}},
     "removed": {"type": "boolean"},
+    "access": {"$ref": "#/components/schemas/Access"},
+    "lending": {"type": "array", "items": {"$ref": "#/components/schemas/LendingRow"}},
     "reservation": {"$ref": "#/components/schemas/Reservation"},
     "reservations": {"type": "array", "items": {"$ref": "#/components/schemas/Reservation"}},
 }
@@ -167,6 +252,19 @@ def _responses_400(operation_id: str) -> str:
     return _ERRORS["400"] + (f"; beyond the schema: {rule}" if rule else "")
 
 
+# Writes that take `dryRun: true` answer {"impact": Impact} instead (CONTRACT section 10).
+_DRY_RUNS = ("unoffer", "archive")
+
+
+def _result_schema(name: str, key: str) -> dict[str, Any]:
+    result = {"type": "object", "required": [key], "properties": {key: _RESULTS[key]}}
+    if name not in _DRY_RUNS:
+        return result
+    impact = {"$ref": "#/components/schemas/Impact"}
+    dry = {"type": "object", "required": ["impact"], "properties": {"impact": impact}}
+    return {"oneOf": [result, dry]}
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     schemas = dict(_COMPONENTS)
@@ -199,13 +297,7 @@ def openapi_document() -> dict[str, Any]:
                         "description": "OK",
                         **links,
                         "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": [m.result_key],
-                                    "properties": {m.result_key: _RESULTS[m.result_key]},
-                                }
-                            }
+                            "application/json": {"schema": _result_schema(m.name, m.result_key)}
                         },
                     },
                     **{

@@ -7,7 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from app.capacity.views import (
+    AccessExplanation,
     CapacityView,
+    GrantView,
+    ImpactView,
+    LendingRowView,
     OfferView,
     PoolDetail,
     QuotaView,
@@ -20,17 +24,30 @@ def timestamp(value: datetime | None) -> str | None:
 
 
 def quota_json(q: QuotaView) -> dict[str, Any]:
+    """An offer's row in the owner's `offers`: no grant, the offer beside it says it."""
     return {"resource": q.resource, "max": q.max, "used": q.used}
 
 
+def own_quota_json(q: QuotaView) -> dict[str, Any]:
+    """A row the viewing tenant books against, with the offer that gives it."""
+    return quota_json(q) | {"grant": None if q.grant is None else grant_json(q.grant)}
+
+
 def capacity_json(c: CapacityView) -> dict[str, Any]:
-    return {
+    row: dict[str, Any] = {
         "resource": c.resource,
         "total": c.total,
         "allocatable": c.allocatable,
         "booked": c.booked,
         "available": c.available,
     }
+    if c.offered is not None:  # the lender's view: the owner with share only
+        row |= {"offered": c.offered, "guestUsed": c.guest_used, "overcommit": c.overcommit}
+    return row
+
+
+def lending_json(r: LendingRowView) -> dict[str, Any]:
+    return {"poolId": r.pool_id, **capacity_json(r.capacity)}
 
 
 def offer_json(o: OfferView) -> dict[str, Any]:
@@ -58,7 +75,7 @@ def pool_json(detail: PoolDetail) -> dict[str, Any]:
         "owned": p.owned,
         "archived": p.archived,
         "version": p.version,
-        "quotas": [quota_json(q) for q in detail.quotas],
+        "quotas": [own_quota_json(q) for q in detail.quotas],
         "offers": None if detail.offers is None else [offer_json(o) for o in detail.offers],
         "createdAt": timestamp(p.created_at),
         "updatedAt": timestamp(p.updated_at),
@@ -77,6 +94,45 @@ def reservation_json(r: ReservationView) -> dict[str, Any]:
     }
 
 
+def grant_json(g: GrantView) -> dict[str, Any]:
+    return {
+        "tenantId": g.tenant_id,
+        "includeDescendants": g.include_descendants,
+        "priority": g.priority,
+        "offeredAt": timestamp(g.offered_at),
+    }
+
+
+def access_json(a: AccessExplanation) -> dict[str, Any]:
+    b, d = a.binding, a.denied_by
+    return {
+        "allowed": a.allowed,
+        "permission": a.permission,
+        "binding": {
+            "callerId": b.caller_id,
+            "tenantId": b.tenant_id,
+            "role": b.role,
+            "where": b.where,
+            "actingFor": b.acting_for,
+            "fleetAdmin": b.fleet_admin,
+        },
+        "grant": None if a.grant is None else {"via": a.grant.via, **grant_json(a.grant)},
+        "deniedBy": None
+        if d is None
+        else {"check": d.check, "message": d.message, **({"key": d.key} if d.key else {})},
+    }
+
+
+def impact_json(i: ImpactView) -> dict[str, Any]:
+    return {
+        "tenantsLosingAccess": list(i.tenants_losing_access),
+        "quotaKept": i.quota_kept,
+        "reservations": [reservation_json(r) for r in i.reservations],
+        "offersEnded": list(i.offers_ended),
+        "truncated": i.truncated,
+    }
+
+
 def render(result: object) -> Any:
     """Any method's result, by its type."""
     if isinstance(result, PoolDetail):
@@ -85,6 +141,12 @@ def render(result: object) -> Any:
         return capacity_json(result)
     if isinstance(result, ReservationView):
         return reservation_json(result)
+    if isinstance(result, LendingRowView):
+        return lending_json(result)
+    if isinstance(result, ImpactView):
+        return impact_json(result)
+    if isinstance(result, AccessExplanation):
+        return access_json(result)
     if isinstance(result, bool):
         return result
     if isinstance(result, Sequence):

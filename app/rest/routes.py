@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 from app.capacity.errors import InvalidInput
 from app.capacity.inputs import parse_input
 from app.capacity.service import Capacity
+from app.capacity.views import ImpactView
 from app.catalog import METHODS, POOL_METHODS, Method
 from app.iam.callers import authenticate
 from app.observe import request_info
@@ -36,7 +37,9 @@ def _endpoint(method: Method) -> Any:
                 raise InvalidInput("the request body must be a JSON object") from None
             inp = parse_input(method.input, body)
             result = await method.call(capacity, principal, inp)
-            return JSONResponse({method.result_key: render(result)})
+            # A dry run (unoffer, archive) answers its impact in place of the result.
+            key = "impact" if isinstance(result, ImpactView) else method.result_key
+            return JSONResponse({key: render(result)})
         except Exception as exc:
             return error_response(exc)
 

@@ -19,3 +19,14 @@ class CapacityRow:
     )
     booked: Long = strawberry.field(description="What live reservations hold.")
     available: Long = strawberry.field(description="allocatable - booked: what still fits.")
+    offered: Long | None = strawberry.field(
+        description="The lender's view: the sum of the guests' quota maxima for the resource. "
+        "Shown to the owner with compute:pools:share; null for everyone else."
+    )
+    guest_used: Long | None = strawberry.field(
+        description="The lender's view: what the guests' reservations hold; null as `offered`."
+    )
+    overcommit: float | None = strawberry.field(
+        description="The lender's view: offered / allocatable (above 1: more promised than "
+        "the pool has); null as `offered`, or when allocatable is 0."
+    )

@@ -18,6 +18,14 @@ from schema.types.enums import Agent, PoolClass, Sharing
 _TENANT = "The tenant the caller acts for; at most 128 characters of [A-Za-z0-9._:-]."
 _POOL = "The pool, `pool_<ulid>`."
 _KEY = "Makes the call idempotent: a retry with the same key returns the first result."
+_DRY_RUN = (
+    "true: nothing is written and no event is emitted; the payload's `impact` says what the "
+    "call would change. The same checks run as for the real call. false when omitted."
+)
+_VERSION = (
+    "The pool version this write expects; when the pool has moved past it the call is "
+    "CONFLICT (extensions.currentVersion) and nothing changes. Any version when omitted."
+)
 
 
 @strawberry.input(description="One quota row to set: the most a tenant may book of a resource.")
@@ -122,6 +130,7 @@ class OfferPoolInput:
     priority: int | None = strawberry.field(
         default=strawberry.UNSET, description="-1000 to 1000; 0 when omitted."
     )
+    version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
 
     def to_seed(self) -> dict[str, Any]:
         return _seed(self, {"quota": "max"})
@@ -134,6 +143,8 @@ class UnofferPoolInput:
     to_tenant_id: str = strawberry.field(
         description="The tenant to withdraw the offer from; never the owner."
     )
+    version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
+    dry_run: bool | None = strawberry.field(default=strawberry.UNSET, description=_DRY_RUN)
 
     def to_seed(self) -> dict[str, Any]:
         return _seed(self)
@@ -149,6 +160,7 @@ class UpdatePoolInput:
     gpu_model: str | None = strawberry.field(
         default=strawberry.UNSET, description="The new GPU model."
     )
+    version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
 
     def to_seed(self) -> dict[str, Any]:
         return _seed(self)
@@ -158,6 +170,8 @@ class UpdatePoolInput:
 class ArchivePoolInput:
     tenant_id: str = strawberry.field(description=_TENANT + " It must own the pool.")
     pool_id: strawberry.ID = strawberry.field(description=_POOL)
+    version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
+    dry_run: bool | None = strawberry.field(default=strawberry.UNSET, description=_DRY_RUN)
 
     def to_seed(self) -> dict[str, Any]:
         return _seed(self)

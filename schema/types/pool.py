@@ -15,6 +15,7 @@ from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
 from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
+from schema.types.lending import GuestLending
 from schema.types.offer import Offer
 from schema.types.quota import Quota
 from schema.types.reservation import ReservationConnection
@@ -53,12 +54,19 @@ class Pool:
     archived: bool = strawberry.field(
         description="Whether it is retired; only the owner sees an archived pool."
     )
-    version: int = strawberry.field(description="Starts at 1; every update adds 1.")
+    version: int = strawberry.field(
+        description="Starts at 1; every write that changes what the pool shows (offer, "
+        "a removing unoffer, update, archive) adds 1. Pass it back as `version` on a write "
+        "to refuse the write if the pool has moved on."
+    )
     created_at: datetime = strawberry.field(description="When it was created.")
     updated_at: datetime = strawberry.field(description="When it last changed.")
     quotas: Sequence[QuotaView] = strawberry.field(
         graphql_type=list[Quota],
-        description="The acting tenant's own quota rows on the pool (never another tenant's).",
+        description="The quota rows the acting tenant books against on the pool, each with "
+        "its `grant`: its own, or for a descendant that sees the pool through an ancestor's "
+        "offer with includeDescendants, the ancestor's (read-only to it). Never another "
+        "guest's rows.",
     )
     capacity: Sequence[CapacityView] | Denied | None = strawberry.field(
         graphql_type=list[CapacityRow] | None,
@@ -71,6 +79,12 @@ class Pool:
         "with compute:pools:share; null for a tenant that does not own the pool (nothing to "
         "show), and null with a PERMISSION_DENIED error for an owner's caller without "
         "compute:pools:share.",
+    )
+    lending: Sequence[OfferView] | Denied | None = strawberry.field(
+        graphql_type=list[GuestLending] | None,
+        description="The lender's view: per guest tenant (the owner's own offer left out), "
+        "its offer, quota and use; at most 99 entries. Shown as `offers` is: to the owner "
+        "with compute:pools:share only, otherwise null with a PERMISSION_DENIED error.",
     )
     view: strawberry.Private[PoolView]
     view_tenant: strawberry.Private[str]  # the acting tenant the pool was read for
@@ -103,6 +117,7 @@ def pool_from_view(
     quotas: Sequence[QuotaView],
     capacity: Sequence[CapacityView] | Denied | None,
     offers: Sequence[OfferView] | Denied | None,
+    lending: Sequence[OfferView] | Denied | None = None,
 ) -> Pool:
     return Pool(
         id=strawberry.ID(view.id),
@@ -125,6 +140,7 @@ def pool_from_view(
         quotas=quotas,
         capacity=capacity,
         offers=offers,
+        lending=lending,
         view=view,
         view_tenant=tenant_id,
     )

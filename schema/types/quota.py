@@ -5,6 +5,7 @@ from __future__ import annotations
 import strawberry
 
 from schema.scalars import Long
+from schema.types.access import Grant
 
 
 @strawberry.type(
@@ -23,3 +24,8 @@ class Quota:
         "when `create` names none) means unlimited: only the pool's capacity bounds it."
     )
     used: Long = strawberry.field(description="What the tenant's live reservations hold.")
+    grant: Grant | None = strawberry.field(
+        description="The offer that gives the row: the tenant's own, or the ancestor's with "
+        "includeDescendants whose rows a descendant books against (read-only to it). Null "
+        "on an offer's rows in `Pool.offers`, where the offer says it."
+    )

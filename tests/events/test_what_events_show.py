@@ -81,7 +81,7 @@ async def test_no_event_carries_a_policy_secret(database_url: str, fleet: Fleet)
     assert [(e["type"], e["poolId"], e["pool"]["id"]) for e in seen] == [
         ("pool.updated", pool_id, pool_id)
     ] * 5
-    assert [e["data"]["version"] for e in seen] == [2, 2, 3, 3, 3]
+    assert [e["data"]["version"] for e in seen] == [3, 3, 4, 4, 4]  # after one offer
     # `pool` is read when the event is sent, so either policy may show; neither has a token.
     assert all(e["pool"]["policy"]["kubernetes"]["tokenSet"] is True for e in seen)
     assert seen[-1]["pool"]["policy"] == read
@@ -163,15 +163,20 @@ async def test_each_subscriber_reads_only_the_offers_it_may_query(
             await stream.close()
 
     created = ("pool.created", "pool", _created_data(s.site))
-    own = ("pool.offered", "pool", _offer("acme", 8, True, 0))
-    to_beta = ("pool.offered", "pool", _offer("beta", 2, False, 5))
-    to_gamma = ("pool.offered", "pool", _offer("gamma", 3, True, 0))
-    updated = ("pool.updated", "pool", {"version": 2, "changed": ["policy"]})
-    unoffered = ("pool.unoffered", "pool", {"toTenantId": "beta"})
+    # The owner's own offer resizes the rows it already had: the changes name the moves.
+    own_changes = [
+        {"path": "/offers/acme/includeDescendants", "before": False, "after": True},
+        {"path": "/offers/acme/quota/gpu", "before": 2_147_483_647, "after": 8},
+    ]
+    own = ("pool.offered", "pool", _offer("acme", 8, True, 0, 2) | {"changes": own_changes})
+    to_beta = ("pool.offered", "pool", _offer("beta", 2, False, 5, 3))
+    to_gamma = ("pool.offered", "pool", _offer("gamma", 3, True, 0, 4))
+    updated = ("pool.updated", "pool", _updated(5))  # after 3 offers
+    unoffered = ("pool.unoffered", "pool", _unoffered("beta", 2, False, 5, 6))
     created_a100 = ("pool.created", "other", _created_data(s.site, "A100"))
 
     def archived(*removed: str) -> tuple[str, str, Json]:
-        return ("pool.archived", "pool", {"removedTenantIds": list(removed), "version": 3})
+        return ("pool.archived", "pool", {"removedTenantIds": list(removed), "version": 7})
 
     assert received == {
         "owner admin": [
@@ -197,13 +202,13 @@ async def test_each_subscriber_reads_only_the_offers_it_may_query(
         "owner viewer": [created, own, updated, created_a100, archived()],
         # Through acme's offer (from its own offer on): that offer's id, the pool's update.
         "owner's descendant": [
-            ("pool.offered", "pool", {"toTenantId": "acme"}),
+            ("pool.offered", "pool", {"toTenantId": "acme", "version": 2}),
             updated,
         ],
         "guest": [to_beta, updated, unoffered],
         "guest with descendants": [to_gamma, updated, archived("gamma")],
         "that guest's descendant": [
-            ("pool.offered", "pool", {"toTenantId": "gamma"}),
+            ("pool.offered", "pool", {"toTenantId": "gamma", "version": 4}),
             updated,
         ],
     }
@@ -227,13 +232,32 @@ def _created_data(site: str, gpu_model: str = "H100") -> Json:
     }
 
 
-def _offer(tenant: str, gpus: int, descendants: bool, priority: int) -> Json:
+def _offer(tenant: str, gpus: int, descendants: bool, priority: int, version: int) -> Json:
+    """A new offer's event: its data, the pool's version, the offer added (CONTRACT 10)."""
+    entry = {"includeDescendants": descendants, "priority": priority, "quota": {"gpu": gpus}}
     return {
         "toTenantId": tenant,
         "quota": {"gpu": gpus},
         "includeDescendants": descendants,
         "priority": priority,
+        "version": version,
+        "changes": [{"path": f"/offers/{tenant}", "before": None, "after": entry}],
     }
+
+
+def _unoffered(tenant: str, gpus: int, descendants: bool, priority: int, version: int) -> Json:
+    entry = {"includeDescendants": descendants, "priority": priority, "quota": {"gpu": gpus}}
+    return {
+        "toTenantId": tenant,
+        "version": version,
+        "changes": [{"path": f"/offers/{tenant}", "before": entry, "after": None}],
+    }
+
+
+def _updated(version: int) -> Json:
+    """The update to JOIN_SET: the change shows the policy as read, never the token."""
+    change = {"path": "/policy/kubernetes", "before": None, "after": SHOWN}
+    return {"version": version, "changed": ["policy"], "changes": [change]}
 
 
 async def test_a_replay_from_a_cursor_shows_the_same(
@@ -266,14 +290,17 @@ async def test_a_replay_from_a_cursor_shows_the_same(
         await collector.close()
 
     created = ("pool.created", _created_data(s.site))
-    to_beta = ("pool.offered", _offer("beta", 2, True, 5))
-    to_gamma = ("pool.offered", _offer("gamma", 3, False, 0))
-    unoffered = ("pool.unoffered", {"toTenantId": "gamma"})
-    updated = ("pool.updated", {"version": 2, "changed": ["policy"]})
+    to_beta = ("pool.offered", _offer("beta", 2, True, 5, 2))
+    to_gamma = ("pool.offered", _offer("gamma", 3, False, 0, 3))
+    unoffered = ("pool.unoffered", _unoffered("gamma", 3, False, 0, 4))
+    updated = ("pool.updated", _updated(5))  # after 3 (un)offers
     assert received == {
         "owner admin": [created, to_beta, to_gamma, unoffered, updated],
         "owner viewer": [created, updated],
         "guest": [to_beta, updated],
-        "that guest's descendant": [("pool.offered", {"toTenantId": "beta"}), updated],
+        "that guest's descendant": [
+            ("pool.offered", {"toTenantId": "beta", "version": 2}),
+            updated,
+        ],
     }
     assert TOKEN not in repr(received)

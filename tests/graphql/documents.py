@@ -8,11 +8,13 @@ from typing import Any
 Json = dict[str, Any]
 
 QUOTA = "resource max used"
+# The rows the tenant books against carry their provenance (CONTRACT section 10).
+OWN_QUOTA = QUOTA + " grant { tenantId includeDescendants priority offeredAt }"
 POOL_FIELDS = f"""
 fragment PoolFields on Pool {{
   id tenantId siteId class gpuModel sharing agent policy providerAccountId region
   owned archived version createdAt updatedAt
-  quotas {{ {QUOTA} }}
+  quotas {{ {OWN_QUOTA} }}
   offers {{ tenantId includeDescendants priority quotas {{ {QUOTA} }} }}
 }}
 """

@@ -208,7 +208,7 @@ def normalized(value: Any) -> Any:
     """Pool ids and timestamps differ between the two runs; everything else must not."""
     if isinstance(value, dict):
         return {
-            k: "<time>" if k in ("createdAt", "updatedAt") else normalized(v)
+            k: "<time>" if k in ("createdAt", "updatedAt", "offeredAt") else normalized(v)
             for k, v in value.items()
         }
     if isinstance(value, list):

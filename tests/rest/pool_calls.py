@@ -74,10 +74,16 @@ async def row_counts(db: Database) -> dict[str, int]:
     return {name: await row_count(db, name) for name in Base.metadata.tables}
 
 
+def without_grants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A pool's quota rows without their provenance (CONTRACT section 10), for tests of
+    the rows themselves (tests/rest/test_quota_provenance.py checks the grants)."""
+    return [{k: v for k, v in row.items() if k != "grant"} for row in rows]
+
+
 def assert_pool_shape(pool: dict[str, Any]) -> None:
     assert set(pool) == POOL_KEYS, sorted(set(pool) ^ POOL_KEYS)
     for quota in pool["quotas"]:
-        assert set(quota) == QUOTA_KEYS
+        assert set(quota) == QUOTA_KEYS | {"grant"}  # CONTRACT section 10: provenance
     for item in pool["offers"] or []:
         assert set(item) == OFFER_KEYS
         for quota in item["quotas"]:

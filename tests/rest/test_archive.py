@@ -30,7 +30,7 @@ async def test_archive_removes_every_offer_and_stops_new_work(api: Api, fleet: F
 
     archived = await s.archive(pool_id)
     assert list(offers(archived)) == ["acme"]
-    assert (archived["archived"], archived["version"]) == (True, 2)
+    assert (archived["archived"], archived["version"]) == (True, 4)  # 2 offers before
     # No new work, not even for the owner (CONTRACT 5: INVALID_STATE).
     status, error = await api.fails(
         s.token,

@@ -75,6 +75,12 @@ SEED_INPUTS: dict[str, dict[str, tuple[str, bool, dict[str, Any]]]] = {
     "update": {"tenantId": TENANT, "poolId": POOL, "policy": POLICY, "gpuModel": GPU_MODEL},
     "archive": {"tenantId": TENANT, "poolId": POOL},
 }  # fmt: skip
+# CONTRACT section 10's extensions: optional fields beyond the seed's tables.
+VERSION = ("integer", False, {"minimum": 1})
+for _write in ("offer", "unoffer", "update", "archive"):
+    SEED_INPUTS[_write]["version"] = VERSION
+for _write in ("unoffer", "archive"):
+    SEED_INPUTS[_write]["dryRun"] = ("boolean", False, {"default": False})
 
 
 def _value_schema(prop: dict[str, Any]) -> dict[str, Any]:

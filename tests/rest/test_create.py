@@ -21,6 +21,7 @@ from tests.rest.pool_calls import (
     create_pool,
     row_count,
     row_counts,
+    without_grants,
 )
 from tests.support import Api, Fleet
 
@@ -73,7 +74,20 @@ async def test_creates_pool_with_owner_quota_and_empty_rollup_at_version_1(
         "owned": True,
         "archived": False,
         "version": 1,
-        "quotas": [{"resource": "gpu", "max": DEFAULT_OWNER_MAX, "used": 0}],
+        "quotas": [
+            {
+                "resource": "gpu",
+                "max": DEFAULT_OWNER_MAX,
+                "used": 0,
+                # CONTRACT 10: the offer that gives the row, the owner's own.
+                "grant": {
+                    "tenantId": "acme",
+                    "includeDescendants": False,
+                    "priority": 0,
+                    "offeredAt": pool["createdAt"],
+                },
+            }
+        ],
         # CONTRACT 5: the owner always holds an offer, created with the pool.
         "offers": [
             {
@@ -214,9 +228,11 @@ async def test_owner_quota_defaults_to_gpu_at_2147483647(api: Api, fleet: Fleet)
     """ownerQuota defaults to gpu at 2,147,483,647."""
     site, token = await _acme(fleet)
     default = await create_pool(api, token, "acme", site)
-    assert default["quotas"] == [{"resource": "gpu", "max": 2_147_483_647, "used": 0}]
+    assert without_grants(default["quotas"]) == [
+        {"resource": "gpu", "max": 2_147_483_647, "used": 0}
+    ]
     given = await create_pool(api, token, "acme", site, ownerQuota={"gpu": 8, "disk.gb": 0})
-    assert given["quotas"] == [
+    assert without_grants(given["quotas"]) == [
         {"resource": "disk.gb", "max": 0, "used": 0},
         {"resource": "gpu", "max": 8, "used": 0},
     ]
@@ -241,7 +257,7 @@ async def test_shared_gpu_pools_need_their_own_row_since_a_missing_row_grants_0(
         api, token, "acme", site, sharing=sharing, policy=policy, ownerQuota={resource: 8}
     )
     assert [q["resource"] for q in bare["quotas"]] == ["gpu"]
-    assert with_row["quotas"] == [{"resource": resource, "max": 8, "used": 0}]
+    assert without_grants(with_row["quotas"]) == [{"resource": resource, "max": 8, "used": 0}]
     for pool in (bare, with_row):
         await fleet.node(pool["id"], 2)
     book = {"tenantId": "acme", "resources": {resource: 1}}

@@ -58,9 +58,19 @@ async def test_each_change_writes_one_event_with_its_audience(
         "quota": {"gpu": 2},
         "includeDescendants": True,
         "priority": 5,
+        # CONTRACT section 10: the pool's version and what changed (tests/rest/
+        # test_event_changes.py follows a client patching from them).
+        "version": 2,
+        "changes": [
+            {
+                "path": "/offers/beta",
+                "before": None,
+                "after": {"includeDescendants": True, "priority": 5, "quota": {"gpu": 2}},
+            }
+        ],
     }
     assert written[4].data["toTenantId"] == "delta"
-    assert written[5].data["version"] == 2
+    assert written[5].data["version"] == 6  # each offer and unoffer moved it too
     assert written[6].data["removedTenantIds"] == ["beta", "gamma"]
 
 

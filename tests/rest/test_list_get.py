@@ -15,6 +15,7 @@ from tests.rest.pool_calls import (
     create_pool,
     hide_from_guest,
     offer,
+    without_grants,
 )
 from tests.support import Api, Fleet
 
@@ -71,10 +72,10 @@ async def test_a_pool_groups_one_site_model_sharing_policy_and_owns_its_quotas(
     reservation = (await api.ok(token, "reservations/create", body))["reservation"]
 
     assert reservation["poolId"] == first["id"]
-    assert (await _get(api, token, "acme", first["id"]))["quotas"] == [
+    assert without_grants((await _get(api, token, "acme", first["id"]))["quotas"]) == [
         {"resource": "gpu", "max": 4, "used": 3}
     ]
-    assert (await _get(api, token, "acme", second["id"]))["quotas"] == [
+    assert without_grants((await _get(api, token, "acme", second["id"]))["quotas"]) == [
         {"resource": "gpu", "max": 4, "used": 0}
     ]
     seen = await _get(api, token, "acme", first["id"])
@@ -103,7 +104,7 @@ async def test_the_creator_owns_a_pool_others_see_it_once_offered_with_a_quota(
     await offer(api, acme, "acme", pool["id"], "beta", {"gpu": 3})
     seen = await _get(api, beta, "beta", pool["id"])
     assert (seen["tenantId"], seen["owned"]) == ("acme", False)
-    assert seen["quotas"] == [{"resource": "gpu", "max": 3, "used": 0}]
+    assert without_grants(seen["quotas"]) == [{"resource": "gpu", "max": 3, "used": 0}]
     assert list(await _list(api, beta, "beta")) == [pool["id"]]
 
 
@@ -126,7 +127,8 @@ async def test_only_the_owner_can_offer_unoffer_update_or_archive(
     status, error = await api.fails(t.tokens["beta"], f"pools/{method}", body)
     assert (status, error["code"], error["details"]) == (404, "NOT_FOUND", {"field": "poolId"})
     unchanged = await _get(api, t.tokens["acme"], "acme", pool["id"])
-    assert (unchanged["version"], unchanged["archived"], unchanged["gpuModel"]) == (1, False, None)
+    # Version 2: the offer to beta moved it; the refused call did not.
+    assert (unchanged["version"], unchanged["archived"], unchanged["gpuModel"]) == (2, False, None)
     assert [o["tenantId"] for o in unchanged["offers"]] == ["acme", "beta"]
 
 
@@ -151,10 +153,10 @@ async def test_list_returns_owned_and_offered_pools_with_owned_archived_and_own_
     assert set(listed) == {mine["id"], offered["id"]}
     own, guest = listed[mine["id"]], listed[offered["id"]]
     assert (own["owned"], own["archived"]) == (True, False)
-    assert own["quotas"] == [{"resource": "gpu", "max": 8, "used": 0}]
+    assert without_grants(own["quotas"]) == [{"resource": "gpu", "max": 8, "used": 0}]
     assert (guest["owned"], guest["archived"], guest["tenantId"]) == (False, False, "beta")
     # Only acme's rows: not beta's (the owner's) nor gamma's.
-    assert guest["quotas"] == [
+    assert without_grants(guest["quotas"]) == [
         {"resource": "gpu", "max": 2, "used": 0},
         {"resource": "gpu.mig", "max": 5, "used": 0},
     ]
@@ -171,7 +173,8 @@ async def test_list_includes_pools_offered_with_descendants_to_an_ancestor(
     api: Api, fleet: Fleet
 ) -> None:
     """Returns the pools the tenant ... is offered (CONTRACT 2: or offered with
-    includeDescendants to one of its ancestors); quotas stay the tenant's own rows."""
+    includeDescendants to one of its ancestors); its quotas are the ancestor's rows it books
+    against, named by their grant (CONTRACT section 10)."""
     t = await _tenants(fleet, "acme", "beta")
     await fleet.tenant("beta-lab", parent="beta")
     lab = await fleet.caller("beta-lab")
@@ -186,7 +189,13 @@ async def test_list_includes_pools_offered_with_descendants_to_an_ancestor(
     await api.ok(t.tokens["acme"], "pools/offer", body)
     listed = await _list(api, lab, "beta-lab")
     assert list(listed) == [pool["id"]]
-    assert listed[pool["id"]]["owned"] is False and listed[pool["id"]]["quotas"] == []
+    assert listed[pool["id"]]["owned"] is False
+    (row,) = listed[pool["id"]]["quotas"]
+    assert (row["max"], row["grant"]["tenantId"], row["grant"]["includeDescendants"]) == (
+        4,
+        "beta",
+        True,
+    )
 
 
 async def test_archived_pools_appear_only_for_their_owner(api: Api, fleet: Fleet) -> None:
@@ -235,13 +244,15 @@ async def test_get_returns_the_pool_as_the_tenant_sees_it(api: Api, fleet: Fleet
     shared_fields = set(owner) - {"owned", "quotas", "offers"}
     assert {k: owner[k] for k in shared_fields} == {k: guest[k] for k in shared_fields}
     assert (owner["owned"], guest["owned"]) == (True, False)
-    assert owner["quotas"] == [{"resource": "gpu", "max": DEFAULT_OWNER_MAX, "used": 0}]
-    assert guest["quotas"] == [{"resource": "gpu", "max": 2, "used": 0}]
+    assert without_grants(owner["quotas"]) == [
+        {"resource": "gpu", "max": DEFAULT_OWNER_MAX, "used": 0}
+    ]
+    assert without_grants(guest["quotas"]) == [{"resource": "gpu", "max": 2, "used": 0}]
     assert owner["offers"] == [
         {"tenantId": "acme", "includeDescendants": False, "priority": 0,
-         "quotas": owner["quotas"]},
+         "quotas": without_grants(owner["quotas"])},
         {"tenantId": "beta", "includeDescendants": False, "priority": 0,
-         "quotas": guest["quotas"]},
+         "quotas": without_grants(guest["quotas"])},
     ]  # fmt: skip
     assert guest["offers"] is None
 

@@ -258,4 +258,4 @@ async def test_only_the_owner_can_call_it(api: Api, fleet: Fleet, method: str) -
     body = {"tenantId": "beta", "poolId": pool["id"], **extra}
     status, error = await api.fails(beta, f"pools/{method}", body)
     assert (status, error["code"]) == (404, "NOT_FOUND")
-    assert (await s.get(pool["id"]))["version"] == 1
+    assert (await s.get(pool["id"]))["version"] == 2  # the one offer's

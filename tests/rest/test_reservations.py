@@ -64,7 +64,8 @@ async def test_a_descendant_books_against_the_ancestors_row(
     await s.reserve(pool["id"], {"gpu": 2}, grandchild, "beta-dev-1")
     assert await quota_rows(db, pool["id"], "beta") == {"gpu": (3, 3)}
     assert await quota_rows(db, pool["id"], "beta-dev") == {}
-    assert quotas(await s.get(pool["id"], child, "beta-dev")) == {}  # its own rows only
+    # It sees the ancestor's rows it books on, read-only (CONTRACT section 10).
+    assert quotas(await s.get(pool["id"], child, "beta-dev")) == {"gpu": (3, 3)}
     error = await _exhausted(s, pool["id"], {"gpu": 1}, child, "beta-dev")
     assert error["details"]["field"] == "resources.gpu"
 

@@ -1,0 +1,97 @@
+"""The lender's view (CONTRACT section 10): for a pool's owner, what it lent to guests
+against what the pool has. Shown to whoever reads the pool's offers (owner + share)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sqlalchemy import and_, select
+
+from app.capacity.access import resolve_actor, sees_offers
+from app.capacity.inputs import LendingInput
+from app.capacity.reads import Actor, Executor, capacity_of, visible_pools
+from app.capacity.views import CapacityView, LendingRowView, PoolView
+from app.db.models import Offer, Pool, QuotaRow
+from app.iam.principal import Principal
+from app.iam.roles import POOLS_SHARE
+
+# {pool_id: {resource: (sum of guest maxima, sum of guest used)}}
+GuestTotals = dict[str, dict[str, tuple[int, int]]]
+
+
+async def guest_totals(executor: Executor, pool_ids: Sequence[str]) -> GuestTotals:
+    """Per pool and resource, the guests' quota maxima and use: the rows of every tenant
+    holding an offer other than the owner. Summed here, not in SQL: exact past 64 bits on
+    both dialects (a maximum may be 2^63 - 1; SQLite's sum() would overflow)."""
+    if not pool_ids:
+        return {}
+    rows = await executor.execute(
+        select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
+        .join(
+            Offer,
+            and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+        )
+        .join(Pool, Pool.id == QuotaRow.pool_id)
+        .where(QuotaRow.pool_id.in_(pool_ids), QuotaRow.tenant_id != Pool.tenant_id)
+    )
+    sums: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in rows:
+        total = sums[r.pool_id][r.resource]
+        total[0] += r.max
+        total[1] += r.used
+    return {p: {res: (t[0], t[1]) for res, t in sums[p].items()} for p in pool_ids}
+
+
+def with_lending(
+    rows: Sequence[CapacityView], totals: dict[str, tuple[int, int]]
+) -> tuple[CapacityView, ...]:
+    """Capacity rows with `offered` and `guestUsed` filled in (0 where no guest has a row)."""
+    return tuple(
+        replace(
+            r,
+            offered=totals.get(r.resource, (0, 0))[0],
+            guest_used=totals.get(r.resource, (0, 0))[1],
+        )
+        for r in rows
+    )
+
+
+async def lent_capacity(
+    executor: Executor, principal: Principal, pools: Sequence[PoolView]
+) -> dict[str, tuple[CapacityView, ...]]:
+    """Each pool's capacity rows; with the lender's columns where the caller reads offers."""
+    ids = [p.id for p in pools]
+    rows = await capacity_of(executor, ids)
+    lent = [p.id for p in pools if sees_offers(principal, p)]
+    totals = await guest_totals(executor, lent)
+    return {
+        pool_id: with_lending(rows[pool_id], totals[pool_id])
+        if pool_id in totals
+        else rows[pool_id]
+        for pool_id in ids
+    }
+
+
+def _rank(row: LendingRowView) -> tuple[float, str, str]:
+    """Most overcommitted first; lent capacity the pool does not have (allocatable 0) first
+    of all; ties in pool and resource order."""
+    ratio = row.capacity.overcommit
+    if ratio is None:
+        ratio = math.inf if (row.capacity.offered or 0) > 0 else -1.0
+    return (-ratio, row.pool_id, row.capacity.resource)
+
+
+async def lending(
+    executor: Executor, principal: Principal, inp: LendingInput
+) -> list[LendingRowView]:
+    """Every capacity row of the tenant's live pools the caller may share, with what is lent,
+    the most overcommitted first: the owner's whole fleet in one request."""
+    actor: Actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_SHARE)
+    pools = [p for p in await visible_pools(executor, actor) if p.owned and not p.archived]
+    pools = [p for p in pools if sees_offers(principal, p)]
+    capacity = await lent_capacity(executor, principal, pools)
+    rows = [LendingRowView(p.id, row) for p in pools for row in capacity[p.id]]
+    return sorted(rows, key=_rank)[: inp.first]
