@@ -64,7 +64,7 @@ P99_MS = 100.0
 MAX_MS = 250.0
 DELIVERIES_PER_S = 15_000
 IDLE_KB = 50.0  # kB (1,000 bytes) per idle subscription on its own websocket
-RATE_SHORTFALL = 0.02  # the writer may fall this far short of the requested rate
+RATE_SHORTFALL = 0.05  # the writer may fall this far short of the requested rate
 
 
 # --- setup ----------------------------------------------------------------------------
@@ -218,8 +218,11 @@ class Processes:
                 raise RuntimeError("subscriptions did not start")
             await self.writer.ask("each", targets)
             await asyncio.sleep(0.2)
-        await self.receipts()
-        await self.writer.ask("committed")
+        probes: dict[int, float] = await self.writer.ask("committed")
+        for client in self.clients:
+            client.send("floor", max(probes))
+        for client in self.clients:
+            await client.answer()
 
     async def receipts(self) -> tuple[list[dict[int, float]], int]:
         for client in self.clients:
@@ -390,6 +393,14 @@ async def measure(args: argparse.Namespace, url: str) -> int:
         )
         await procs.close()
         await procs.open([(seeded[t][1], t, 1) for t in tenants for _ in range(per_tenant)])
+        # What one commit through the outbox costs now, one after another (the lock that
+        # keeps cursors in commit order is held through COMMIT: commits take turns).
+        one = await writer.ask("sequential", (*targets[0], 50))
+        print(
+            f"   the outbox now: one transaction after another takes {one * 1000:.1f} ms "
+            f"({1 / one:.0f} events/s one at a time)",
+            flush=True,
+        )
         await procs.live(subscribers, targets)
 
         profiler = Profiler(args.profile, server.pid)
@@ -403,10 +414,12 @@ async def measure(args: argparse.Namespace, url: str) -> int:
         committed: dict[int, float] = await writer.ask("committed")
         receipts, duplicates = await procs.receipts()
         latencies = [(at - committed[seq]) * 1000 for got_ in receipts for seq, at in got_.items()]
-        achieved = steady["events"] / steady["elapsed"]
+        # The rate the writer achieved: its commits over the time from first to last.
+        span = max(committed.values()) - min(committed.values()) if committed else 0.0
+        achieved = (len(committed) - 1) / span if span > 0 else 0.0
         print(
             f"2. steady rate: requested {args.rate:.0f} events/s for {args.seconds:.0f} s; "
-            f"the writer committed {steady['events']} in {steady['elapsed']:.1f} s: "
+            f"the writer committed {len(committed)} in {span:.1f} s: "
             f"achieved {achieved:.0f}/s (its schedule ran up to "
             f"{steady['behind'] * 1000:.0f} ms late); each event to {per_tenant} of "
             f"{subscribers} subscribers",
@@ -426,9 +439,18 @@ async def measure(args: argparse.Namespace, url: str) -> int:
             f"   server CPU per delivery {1e6 * server_cpu / max(got, 1):.0f} us",
             flush=True,
         )
+        print(
+            f"   writer: a transaction took p50 {steady['transaction_p50'] * 1000:.1f} ms, p99 "
+            f"{steady['transaction_p99'] * 1000:.1f} ms from its start to its commit (waiting "
+            "for a connection and for the outbox lock included); the lock is held through "
+            "COMMIT, so PostgreSQL's commit time (its WAL flush) bounds the rate",
+            flush=True,
+        )
         if achieved < args.rate * (1 - RATE_SHORTFALL):
             verdicts.invalid.append(
                 f"the writer achieved {achieved:.0f} events/s of the {args.rate:.0f} requested"
+                " (see its CPU and transaction times above: a busy writer process, or "
+                "PostgreSQL's commits)"
             )
         if got != expected or duplicates:
             verdicts.invalid.append(f"delivered {got} of {expected}, {duplicates} repeated")
@@ -509,11 +531,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="a smoke run: 40 subscribers, 4 tenants, 20 events/s "
         "for 2 s, 20 events to all; targets not checked",
     )
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.subscribers, args.tenants, args.rate, args.seconds, args.burst = 40, 4, 20.0, 2.0, 20
-        args.client_processes = 2
-    return args
+    if parser.parse_args(argv).quick:  # smaller defaults; an option given still wins
+        parser.set_defaults(
+            subscribers=40, tenants=4, rate=20.0, seconds=2.0, burst=20, client_processes=2
+        )
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

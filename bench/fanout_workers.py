@@ -40,6 +40,8 @@ class Socket:
     """One websocket with `subscriptions` poolEvents subscriptions; receipt times by
     (subscription index, seq). A seq received twice by one subscription is counted."""
 
+    floor = 0  # seqs up to here are ignored (this process's sockets)
+
     def __init__(self) -> None:
         self.received: list[dict[int, float]] = []
         self.duplicates = 0
@@ -74,6 +76,8 @@ class Socket:
                 print(f"bench client: unexpected message {message}", flush=True)
                 continue
             seq = decode_cursor(message["payload"]["data"]["poolEvents"]["cursor"])
+            if seq <= Socket.floor:
+                continue  # a warm-up probe, not part of what is measured
             got = self.received[int(message["id"])]
             if seq in got:
                 self.duplicates += 1
@@ -109,6 +113,12 @@ async def _clients(conn: Connection, address: str) -> None:
             conn.send(sum(s.count() for s in sockets))
         elif command == "ready":  # subscriptions that have received something
             conn.send(sum(1 for s in sockets for got in s.received if got))
+        elif command == "floor":  # ignore seqs up to here from now on, forget them
+            Socket.floor = argument
+            for s in sockets:
+                s.received = [{} for _ in s.received]
+                s.duplicates = 0
+            conn.send(None)
         elif command == "receipts":  # and forget them
             receipts = [got for s in sockets for got in s.received]
             duplicates = sum(s.duplicates for s in sockets)
@@ -141,10 +151,14 @@ class Writer:
         self.db = create_database(database_url)
         self.bus = EventBus(redis_url)
         self.committed: dict[int, float] = {}
+        self.transactions: list[float] = []  # seconds from start to commit, each
 
     async def emit(self, pool_id: str, tenant: str, count: int = 1) -> None:
+        began = time.perf_counter()
+
         async def committed(newest: int) -> None:  # after the commit, before the wake-up
             now = time.time()
+            self.transactions.append(time.perf_counter() - began)
             for seq in range(newest - count + 1, newest + 1):  # one transaction's seqs
                 self.committed[seq] = now
             await self.bus.notify(newest)
@@ -175,7 +189,15 @@ class Writer:
             if delay > 0:
                 await asyncio.sleep(delay)
         await asyncio.gather(*emitting)
-        return {"events": total, "elapsed": time.perf_counter() - start, "behind": behind}
+        took = sorted(self.transactions)
+        self.transactions = []
+        return {
+            "events": total,
+            "elapsed": time.perf_counter() - start,
+            "behind": behind,
+            "transaction_p50": took[len(took) // 2],
+            "transaction_p99": took[min(len(took) - 1, int(0.99 * len(took)))],
+        }
 
 
 async def _writer(conn: Connection, database_url: str, redis_url: str) -> None:
@@ -190,6 +212,12 @@ async def _writer(conn: Connection, database_url: str, redis_url: str) -> None:
                 for pool_id, tenant in argument:
                     await writer.emit(pool_id, tenant)
                 conn.send(None)
+            elif command == "sequential":  # (pool, tenant, n): seconds per transaction
+                pool_id, tenant, n = argument
+                started = time.perf_counter()
+                for _ in range(n):
+                    await writer.emit(pool_id, tenant)
+                conn.send((time.perf_counter() - started) / n)
             elif command == "burst":  # (pool, tenant, events, events per transaction)
                 pool_id, tenant, events, per_transaction = argument
                 for _ in range(events // per_transaction):
