@@ -196,10 +196,13 @@ class Processes:
         return found
 
     async def open(self, plan: list[tuple[str, str, int]]) -> None:
-        """Sockets (token, tenant, subscriptions) spread round-robin over the clients."""
+        """Sockets (token, tenant, subscriptions) spread round-robin over the clients,
+        about 50 subscriptions opening at a time in all (each opening reads the
+        database; a storm of them would wait for the server's connection pool)."""
         shares = [plan[n :: len(self.clients)] for n in range(len(self.clients))]
+        at_a_time = max(1, 50 // len(self.clients) // max(s for _, _, s in plan))
         for client, share in zip(self.clients, shares, strict=True):
-            client.send("open", share)
+            client.send("open", (share, at_a_time))
         for client in self.clients:
             await client.answer()
 

@@ -72,7 +72,7 @@ class Socket:
         async for raw in self.ws:
             now = time.time()
             message = orjson.loads(raw)
-            if message["type"] != "next":
+            if message["type"] != "next" or not message["payload"].get("data"):
                 print(f"bench client: unexpected message {message}", flush=True)
                 continue
             seq = decode_cursor(message["payload"]["data"]["poolEvents"]["cursor"])
@@ -97,14 +97,15 @@ async def _clients(conn: Connection, address: str) -> None:
     sockets: list[Socket] = []
     while True:
         command, argument = await _commands(conn)
-        if command == "open":  # [(token, tenant, subscriptions per socket)]
-            opened = [Socket() for _ in argument]
-            for start in range(0, len(opened), 50):  # 50 handshakes at a time
+        if command == "open":  # [(token, tenant, subscriptions per socket)], at a time
+            plan, at_a_time = argument
+            opened = [Socket() for _ in plan]
+            for start in range(0, len(opened), at_a_time):
                 await asyncio.gather(
                     *(
-                        s.open(address, *argument[i])
+                        s.open(address, *plan[i])
                         for i, s in enumerate(opened)
-                        if start <= i < start + 50
+                        if start <= i < start + at_a_time
                     )
                 )
             sockets += opened
