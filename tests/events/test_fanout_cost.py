@@ -1,6 +1,7 @@
 """What one event costs the server per subscriber (issue 15): the work that can be done
 once per event is done once. Real subscribers (gql over graphql-transport-ws) of a real
 uvicorn server, on both dialects; the counts come from spies on the real methods."""
+# (The relay's reads are counted on PostgreSQL, the dialect they are about.)
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from graphql.execution.executor import Executor
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from starlette.applications import Starlette
 
 from app.capacity.service import Capacity
@@ -17,10 +19,10 @@ from app.config import Settings
 from app.events.relay import Relay
 from schema.subscriptions import PoolEvent
 from tests.events.conftest import served
-from tests.events.support import emit_updates, wait_until
+from tests.events.support import emit_updates, settle, subscribe, wait_until
 from tests.events.test_websocket import Stream, http_api, ws_client
 from tests.rest.scene import Scene
-from tests.support import Fleet
+from tests.support import Api, Fleet
 
 PROTOCOL = "graphql-transport-ws"
 LIGHT = """
@@ -120,3 +122,33 @@ async def test_a_backlog_leaves_in_a_few_writes(
 
     assert [e["data"]["n"] for e in received] == list(range(100))
     assert len(server_writes) <= 10, server_writes
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_the_relay_reads_the_outbox_without_a_transaction(
+    app: Starlette, api: Api, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a wake-up costs the relay its reads only, no BEGIN and ROLLBACK
+    (counted in the relay's own task) while it delivers five events."""
+    s = await Scene.start(api, fleet)
+    pool_id = (await s.pool())["id"]
+    relay: Relay = app.state.relay
+    capacity: Capacity = app.state.capacity
+    collector = await subscribe(app, s.token, "acme")
+    begun: list[str] = []
+    begin = AsyncAdapt_asyncpg_connection._start_transaction
+
+    async def counted(self: AsyncAdapt_asyncpg_connection) -> None:
+        task = asyncio.current_task()
+        if self.isolation_level != "autocommit":  # else the driver sends no BEGIN
+            begun.append(task.get_name() if task is not None else "")
+        await begin(self)
+
+    monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "_start_transaction", counted)
+    for n in range(5):
+        await emit_updates(capacity, pool_id, "acme", 1, start=n)
+        await settle(app, collector)  # one wake-up and drain per event
+    await collector.close()
+    assert [e.data["n"] for e in collector.events] == list(range(5))
+    assert relay.cursor == collector.seqs[-1]
+    assert begun and "event-relay" not in begun
