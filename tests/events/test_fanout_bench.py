@@ -40,6 +40,6 @@ async def test_the_quick_run_reports_rates_cpu_and_exactly_once(
         "clients",
         "server CPU per delivery",
         "load average",
-        "quick run: targets not checked",
+        "not the full size: targets not checked",
     ):
         assert expected in printed, printed
