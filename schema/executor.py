@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import orjson
 from graphql import (
+    ExecutionResult,
     GraphQLField,
     GraphQLNonNull,
     GraphQLObjectType,
+    OperationType,
     is_leaf_type,
 )
 from graphql.pyutils import Path
@@ -57,8 +60,37 @@ def _plan_for(field_def: GraphQLField) -> _Plan:
     return plan
 
 
+_NO_KEY: Any = object()
+
+
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
     _selection_plans: dict[int, tuple[Any, list[tuple[str, Any, _Plan]]]]
+    _rendering_key: Any = None  # per subscription: its operation and variables
+
+    def execute_operation(self, serially: bool | None = None) -> Any:
+        """A subscription event whose root value carries `renderings` (a dict shared by
+        every subscriber shown the same event object, see PoolEvent) is executed once
+        per distinct request: the same operation node (same document, same selection
+        set) with the same variables. The root value sets `renderings` only when
+        nothing else decides the answer (no per-caller read below it), so the same
+        request over the same shown event gives the same data; the other subscribers
+        get that data, not a new execution. A result with errors is not shared."""
+        renderings = getattr(self.root_value, "renderings", None)
+        if renderings is None or self.operation.operation is not OperationType.SUBSCRIPTION:
+            return super().execute_operation(serially)
+        key = self._rendering_key
+        if key is None:
+            key = self._rendering_key = _request_key(self.operation, self.variable_values)
+        if key is _NO_KEY:
+            return super().execute_operation(serially)
+        known = renderings.get(key)
+        # The operation node is kept with its data: no other document can reuse its id.
+        if known is not None and known[0] is self.operation:
+            return ExecutionResult(data=known[1], errors=None)
+        result = super().execute_operation(serially)
+        if isinstance(result, ExecutionResult) and not result.errors:
+            renderings[key] = (self.operation, result.data)
+        return result
 
     def build_per_event_executor(self, payload: Any) -> FastFieldsExecutor:
         """A subscription runs each event on a shallow copy of one executor, which would
@@ -68,6 +100,10 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         executor = cast("FastFieldsExecutor", super().build_per_event_executor(payload))
         executor._relevant_sub_fields = {}
         executor._selection_plans = {}
+        if self._rendering_key is None:  # worked out once per subscription, kept on it
+            self._rendering_key = executor._rendering_key = _request_key(
+                self.operation, self.variable_values
+            )
         return executor
 
     def _selection_plan(
@@ -141,6 +177,15 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
 
             return merged()
         return _merge(results, slow, cast("dict[str, Any]", done))
+
+
+def _request_key(operation: Any, variable_values: Any) -> Any:
+    """(the operation node's id, its variables as canonical JSON), or _NO_KEY."""
+    coerced = getattr(variable_values, "coerced", variable_values)
+    try:
+        return (id(operation), orjson.dumps(coerced, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return _NO_KEY
 
 
 def _merge(results: dict[str, Any], slow: dict[str, Any], done: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from datetime import datetime
-from typing import Annotated, Final, cast
+from typing import Annotated, Any, Final, cast
 
 import strawberry
 from starlette.websockets import WebSocket
@@ -54,6 +54,11 @@ class PoolEvent:
     tenant: strawberry.Private[str]  # the subscribing tenant
     # This event's own reads, when `pool` is selected: fresh data for every event.
     scope: strawberry.Private[Context | None]
+    # Without `pool`, what a subscriber receives is decided by the event as shown to it
+    # (readable_event) and its request alone: the executor renders it once per request
+    # for every subscriber shown the same event object (schema/executor.py). With
+    # `pool`, each subscriber's answer is its own read: None, never shared.
+    renderings: strawberry.Private[dict[Any, Any] | None]
 
     @strawberry.field(
         description="The pool as the subscribing tenant sees it now; null once it no "
@@ -82,6 +87,7 @@ def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolE
         data=cast(JSON, event.data),
         tenant=tenant,
         scope=scope,
+        renderings=event.renderings if scope is None else None,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,10 @@ class OutboxEvent:
     occurred_at: datetime
     data: dict[str, Any]
     audience: frozenset[str]  # the tenants it is for (only those asked about, when filtered)
+    # A transport's renderings of this event object, made once and shared by every
+    # subscriber shown this same object with the same request (schema/executor.py).
+    # Not an init field: `dataclasses.replace` (a reduced view) starts with none.
+    renderings: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def cursor(self) -> str:

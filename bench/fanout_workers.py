@@ -1,0 +1,239 @@
+"""The processes `bench.events_fanout` drives: websocket clients and the event writer.
+
+Each runs its own event loop (uvloop, as the server does) in its own process, so the
+server, the writer and the clients never share a core's time slice in one interpreter,
+and each one's CPU can be read on its own. The orchestrator talks to each over a pipe,
+one command at a time: `(name, argument)` in, one answer out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+import uvloop
+from websockets.asyncio.client import ClientConnection, connect
+
+from app.db.engine import create_database
+from app.db.uow import UnitOfWork
+from app.events.bus import EventBus
+from app.events.cursor import decode_cursor
+from app.events.outbox import PendingEvent
+
+SUBSCRIPTION = (
+    "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type poolId occurredAt } }"
+)
+
+
+async def _commands(conn: Connection) -> Any:
+    """The next command, read without blocking the loop (a pipe read in a thread)."""
+    return await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+
+
+# --- clients --------------------------------------------------------------------------
+
+
+class Socket:
+    """One websocket with `subscriptions` poolEvents subscriptions; receipt times by
+    (subscription index, seq). A seq received twice by one subscription is counted."""
+
+    floor = 0  # seqs up to here are ignored (this process's sockets)
+
+    def __init__(self) -> None:
+        self.received: list[dict[int, float]] = []
+        self.duplicates = 0
+        self.ws: ClientConnection | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def open(self, address: str, token: str, tenant: str, subscriptions: int) -> None:
+        self.ws = await connect(
+            f"ws://{address}/graphql",
+            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+            max_queue=None,
+            compression=None,
+            ping_interval=None,
+        )
+        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        await self.ws.send(orjson.dumps(init).decode())
+        ack = orjson.loads(await self.ws.recv())
+        assert ack["type"] == "connection_ack", ack
+        self.received = [{} for _ in range(subscriptions)]
+        for n in range(subscriptions):
+            payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
+            message = {"id": str(n), "type": "subscribe", "payload": payload}
+            await self.ws.send(orjson.dumps(message).decode())
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.ws is not None
+        async for raw in self.ws:
+            now = time.time()
+            message = orjson.loads(raw)
+            if message["type"] != "next" or not message["payload"].get("data"):
+                print(f"bench client: unexpected message {message}", flush=True)
+                continue
+            seq = decode_cursor(message["payload"]["data"]["poolEvents"]["cursor"])
+            if seq <= Socket.floor:
+                continue  # a warm-up probe, not part of what is measured
+            got = self.received[int(message["id"])]
+            if seq in got:
+                self.duplicates += 1
+            got[seq] = now
+
+    def count(self) -> int:
+        return sum(len(r) for r in self.received)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.ws is not None:
+            await self.ws.close()
+
+
+async def _clients(conn: Connection, address: str) -> None:
+    sockets: list[Socket] = []
+    while True:
+        command, argument = await _commands(conn)
+        if command == "open":  # [(token, tenant, subscriptions per socket)], at a time
+            plan, at_a_time = argument
+            opened = [Socket() for _ in plan]
+            for start in range(0, len(opened), at_a_time):
+                await asyncio.gather(
+                    *(
+                        s.open(address, *plan[i])
+                        for i, s in enumerate(opened)
+                        if start <= i < start + at_a_time
+                    )
+                )
+            sockets += opened
+            conn.send(sum(len(s.received) for s in opened))
+        elif command == "count":
+            conn.send(sum(s.count() for s in sockets))
+        elif command == "ready":  # subscriptions that have received something
+            conn.send(sum(1 for s in sockets for got in s.received if got))
+        elif command == "floor":  # ignore seqs up to here from now on, forget them
+            Socket.floor = argument
+            for s in sockets:
+                s.received = [{} for _ in s.received]
+                s.duplicates = 0
+            conn.send(None)
+        elif command == "receipts":  # and forget them
+            receipts = [got for s in sockets for got in s.received]
+            duplicates = sum(s.duplicates for s in sockets)
+            for s in sockets:
+                s.received = [{} for _ in s.received]
+                s.duplicates = 0
+            conn.send((receipts, duplicates))
+        elif command == "close":
+            for s in sockets:
+                await s.close()
+            sockets = []
+            conn.send(None)
+        elif command == "stop":
+            conn.send(None)
+            return
+
+
+def clients_main(conn: Connection, address: str) -> None:
+    uvloop.run(_clients(conn, address))
+
+
+# --- the writer -----------------------------------------------------------------------
+
+
+class Writer:
+    """Commits `pool.updated` events through the real unit of work, outbox and broker
+    wake-up; records each seq's commit time (when the transaction returned)."""
+
+    def __init__(self, database_url: str, redis_url: str) -> None:
+        self.db = create_database(database_url)
+        self.bus = EventBus(redis_url)
+        self.committed: dict[int, float] = {}
+        self.transactions: list[float] = []  # seconds from start to commit, each
+
+    async def emit(self, pool_id: str, tenant: str, count: int = 1) -> None:
+        began = time.perf_counter()
+
+        async def committed(newest: int) -> None:  # after the commit, before the wake-up
+            now = time.time()
+            self.transactions.append(time.perf_counter() - began)
+            for seq in range(newest - count + 1, newest + 1):  # one transaction's seqs
+                self.committed[seq] = now
+            await self.bus.notify(newest)
+
+        async with UnitOfWork(self.db, committed) as uow:
+            for n in range(count):
+                uow.emit(
+                    PendingEvent("pool.updated", pool_id, tenant, {"n": n}, frozenset({tenant}))
+                )
+
+    async def steady(
+        self, targets: list[tuple[str, str]], rate: float, seconds: float
+    ) -> dict[str, Any]:
+        """`rate` events a second on a fixed schedule, round-robin over (pool, tenant),
+        each commit started on time whether or not earlier ones have returned."""
+        interval = 1 / rate
+        total = int(rate * seconds)
+        emitting: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        behind = 0.0  # how late the schedule ran at worst (the writer's loop was busy)
+        for i in range(total):
+            pool_id, tenant = targets[i % len(targets)]
+            behind = max(behind, time.perf_counter() - (start + i * interval))
+            task = asyncio.create_task(self.emit(pool_id, tenant))
+            emitting.add(task)
+            task.add_done_callback(emitting.discard)
+            delay = start + (i + 1) * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.gather(*emitting)
+        took = sorted(self.transactions)
+        self.transactions = []
+        return {
+            "events": total,
+            "elapsed": time.perf_counter() - start,
+            "behind": behind,
+            "transaction_p50": took[len(took) // 2],
+            "transaction_p99": took[min(len(took) - 1, int(0.99 * len(took)))],
+        }
+
+
+async def _writer(conn: Connection, database_url: str, redis_url: str) -> None:
+    writer = Writer(database_url, redis_url)
+    await writer.bus.connect()
+    try:
+        while True:
+            command, argument = await _commands(conn)
+            if command == "steady":  # (targets, rate, seconds)
+                conn.send(await writer.steady(*argument))
+            elif command == "each":  # one event for every (pool, tenant), one at a time
+                for pool_id, tenant in argument:
+                    await writer.emit(pool_id, tenant)
+                conn.send(None)
+            elif command == "sequential":  # (pool, tenant, n): seconds per transaction
+                pool_id, tenant, n = argument
+                started = time.perf_counter()
+                for _ in range(n):
+                    await writer.emit(pool_id, tenant)
+                conn.send((time.perf_counter() - started) / n)
+            elif command == "burst":  # (pool, tenant, events, events per transaction)
+                pool_id, tenant, events, per_transaction = argument
+                for _ in range(events // per_transaction):
+                    await writer.emit(pool_id, tenant, per_transaction)
+                conn.send(None)
+            elif command == "committed":  # and forget them
+                conn.send(writer.committed)
+                writer.committed = {}
+            elif command == "stop":
+                conn.send(None)
+                return
+    finally:
+        await writer.bus.disconnect()
+        await writer.db.dispose()
+
+
+def writer_main(conn: Connection, database_url: str, redis_url: str) -> None:
+    uvloop.run(_writer(conn, database_url, redis_url))
