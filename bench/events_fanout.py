@@ -52,6 +52,7 @@ from sqlalchemy import text
 from app.capacity import inventory
 from app.capacity.inputs import CreatePoolInput
 from app.capacity.service import Capacity
+from app.config import Settings
 from app.db.engine import Database, create_database
 from app.iam.callers import authenticate, create_caller
 from bench.database import bench_database
@@ -335,7 +336,7 @@ async def run(args: argparse.Namespace) -> int:
 
 async def measure(args: argparse.Namespace, url: str) -> int:
     print(f"bench.events_fanout: {vars(args)}; {load_average()}", flush=True)
-    db = create_database(url, pool_size=2)
+    db = create_database(url, Settings(db_pool_size=2))
     server: subprocess.Popen[bytes] | None = None
     workers: list[Worker] = []
     verdicts = Verdicts()

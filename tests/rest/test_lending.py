@@ -77,7 +77,8 @@ async def test_the_owner_sees_what_it_lent(api: Api, fleet: Fleet) -> None:
 
 async def test_only_the_owner_with_share_sees_it(api: Api, fleet: Fleet) -> None:
     """Guests and the owner's callers without compute:pools:share see the plain rows;
-    `lending` is null with PERMISSION_DENIED for them, as `offers` is."""
+    `lending` is null for them, as `offers` is: with PERMISSION_DENIED for the owner's
+    caller, with no error for a guest (it owns nothing to show, CONTRACT 9)."""
     s = await Scene.start(api, fleet)
     pool_id, tokens = await _lent_pool(s, 4, beta=2)
     viewer = await fleet.caller("acme", "viewer")
@@ -90,7 +91,8 @@ async def test_only_the_owner_with_share_sees_it(api: Api, fleet: Fleet) -> None
         pool = answer["data"]["pool"]
         assert pool["lending"] is None
         assert pool["capacity"][0]["offered"] is None and pool["capacity"][0]["overcommit"] is None
-        assert [e["extensions"]["code"] for e in answer["errors"]] == ["PERMISSION_DENIED"]
+        denied = ["PERMISSION_DENIED"] if tenant == "acme" else []
+        assert [e["extensions"]["code"] for e in answer.get("errors", [])] == denied
 
     # The ranking: the role needs compute:pools:share; a guest's own fleet lends nothing.
     status, error = await api.fails(viewer, "pools/lending", {"tenantId": "acme"})
