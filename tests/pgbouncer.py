@@ -105,6 +105,10 @@ class PgBouncer:
                     # Give server connections back soon: the server is shared.
                     "server_idle_timeout = 10",
                     "server_lifetime = 300",
+                    # After a refused server login PgBouncer refuses every client of that
+                    # database for this long (15 s by default): a fault test's outage must
+                    # not spill into the tests after it.
+                    "server_login_retry = 1",
                     f"logfile = {directory / 'pgbouncer.log'}",
                     f"pidfile = {directory / 'pgbouncer.pid'}",
                     # PgBouncer refuses to run as root; drop to the server's user if we are.

@@ -226,7 +226,8 @@ async def test_a_websocket_opened_while_the_database_refuses_closes_1013(
         await admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
     try:
-        async with served(Settings(database_url=database_url)) as (_, address):
+        # Direct: behind PgBouncer the refusal is PgBouncer's login retry, not 55000.
+        async with served(Settings(database_url=direct_url(database_url))) as (_, address):
             await admin(
                 f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
                 terminate_backends(f"datname = '{name}'"),
