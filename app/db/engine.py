@@ -79,6 +79,12 @@ class Database:
     def dialect(self) -> str:
         return self.writer.dialect.name
 
+    @property
+    def pooled_by_transaction(self) -> bool:
+        """Behind PgBouncer in transaction mode: a statement outside a transaction may run
+        on another server connection than the one that prepared it."""
+        return behind_pgbouncer(self.url)[1]
+
     async def dispose(self) -> None:
         await self.writer.dispose()
         if self.reader is not self.writer:

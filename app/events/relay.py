@@ -195,10 +195,12 @@ class Relay:
         self.db = db
         # The relay's reads, one wake-up at a time: on PostgreSQL without a transaction
         # (each statement sees what had committed when it ran, as under READ COMMITTED
-        # in one), which saves a BEGIN and a ROLLBACK round trip per wake-up.
+        # in one), which saves a BEGIN and a ROLLBACK round trip per wake-up. Not behind
+        # PgBouncer's transaction pooling, where only a transaction keeps a statement on
+        # the server connection that prepared it.
         self._drain_reader = (
             db.reader.execution_options(isolation_level="AUTOCOMMIT")
-            if db.dialect == "postgresql"
+            if db.dialect == "postgresql" and not db.pooled_by_transaction
             else db.reader
         )
         self._poll_interval_s = poll_interval_s

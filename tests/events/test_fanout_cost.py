@@ -151,4 +151,7 @@ async def test_the_relay_reads_the_outbox_without_a_transaction(
     await collector.close()
     assert [e.data["n"] for e in collector.events] == list(range(5))
     assert relay.cursor == collector.seqs[-1]
-    assert begun and "event-relay" not in begun
+    assert begun
+    # Behind PgBouncer's transaction pooling only a transaction keeps a prepared statement
+    # on the server connection that prepared it: there the relay reads in one.
+    assert ("event-relay" in begun) == capacity.db.pooled_by_transaction
