@@ -176,7 +176,7 @@ class LendingInput(MethodInput):
     """The owner's capacity rows with what it lent, the most overcommitted first."""
 
     tenant_id: TenantId = Field(alias="tenantId")
-    first: Annotated[int, Field(ge=0, le=100)] = 50
+    first: Annotated[int, Field(ge=0, le=100), INTEGRAL] = 50
 
 
 class CreateReservationInput(MethodInput):
