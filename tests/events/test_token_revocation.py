@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.iam.callers import revoke_token
+from tests.databases import direct_url
 from tests.events.conftest import served
 from tests.events.processes import bettercompute_serve
 from tests.events.test_websocket import http_api
@@ -198,8 +199,8 @@ async def test_a_streaming_socket_closes_4403_soon_after_the_cli_revokes_its_tok
 async def test_one_revocation_closes_its_sockets_on_every_process(
     database_url: str, db: Database, redis_url: str, broker: str
 ) -> None:
-    if broker == "postgres":  # LISTEN/NOTIFY on the same server
-        postgres = make_url(database_url).set(drivername="postgresql")
+    if broker == "postgres":  # LISTEN/NOTIFY on the same server, never through PgBouncer
+        postgres = make_url(direct_url(database_url)).set(drivername="postgresql")
         broadcast_url = postgres.render_as_string(hide_password=False)
     else:
         broadcast_url = redis_url
