@@ -53,7 +53,8 @@ from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.iam.callers import authenticate, create_caller
 from bench.database import ADMIN_URL, bench_database
-from bench.events_fanout import Producer, Subscriber, open_all, percentile, seed_tenant
+from bench.events_fanout import percentile, seed_tenant
+from bench.fanout_inproc import Producer, Subscriber, open_all
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
