@@ -8,17 +8,14 @@ import asyncio
 import time
 
 import orjson
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.events.bus import EventBus
 from app.events.cursor import decode_cursor
 from app.events.outbox import PendingEvent
-
-SUBSCRIPTION = (
-    "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type poolId occurredAt } }"
-)
+from bench.fanout_workers import open_subscriptions
 
 
 class Subscriber:
@@ -30,19 +27,7 @@ class Subscriber:
         self.task: asyncio.Task[None] | None = None
 
     async def open(self, address: str, token: str, tenant: str, subscriptions: int = 1) -> None:
-        self.ws = await connect(
-            f"ws://{address}/graphql",
-            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
-            max_queue=None,
-        )
-        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
-        await self.ws.send(orjson.dumps(init).decode())
-        ack = orjson.loads(await self.ws.recv())
-        assert ack["type"] == "connection_ack", ack
-        for n in range(subscriptions):
-            payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
-            message = {"id": str(n), "type": "subscribe", "payload": payload}
-            await self.ws.send(orjson.dumps(message).decode())
+        self.ws = await open_subscriptions(address, token, tenant, subscriptions)
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:

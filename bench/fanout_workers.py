@@ -36,6 +36,28 @@ async def _commands(conn: Connection) -> Any:
 # --- clients --------------------------------------------------------------------------
 
 
+async def open_subscriptions(
+    address: str, token: str, tenant: str, subscriptions: int, **options: Any
+) -> ClientConnection:
+    """A graphql-transport-ws socket, acknowledged, with `subscriptions` poolEvents
+    subscriptions of `tenant` (ids "0", "1", ...)."""
+    ws = await connect(
+        f"ws://{address}/graphql",
+        subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+        max_queue=None,
+        **options,
+    )
+    init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+    await ws.send(orjson.dumps(init).decode())
+    ack = orjson.loads(await ws.recv())
+    assert ack["type"] == "connection_ack", ack
+    for n in range(subscriptions):
+        payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
+        message = {"id": str(n), "type": "subscribe", "payload": payload}
+        await ws.send(orjson.dumps(message).decode())
+    return ws
+
+
 class Socket:
     """One websocket with `subscriptions` poolEvents subscriptions; receipt times by
     (subscription index, seq). A seq received twice by one subscription is counted."""
@@ -49,22 +71,10 @@ class Socket:
         self.task: asyncio.Task[None] | None = None
 
     async def open(self, address: str, token: str, tenant: str, subscriptions: int) -> None:
-        self.ws = await connect(
-            f"ws://{address}/graphql",
-            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
-            max_queue=None,
-            compression=None,
-            ping_interval=None,
-        )
-        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
-        await self.ws.send(orjson.dumps(init).decode())
-        ack = orjson.loads(await self.ws.recv())
-        assert ack["type"] == "connection_ack", ack
         self.received = [{} for _ in range(subscriptions)]
-        for n in range(subscriptions):
-            payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
-            message = {"id": str(n), "type": "subscribe", "payload": payload}
-            await self.ws.send(orjson.dumps(message).decode())
+        self.ws = await open_subscriptions(
+            address, token, tenant, subscriptions, compression=None, ping_interval=None
+        )
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
