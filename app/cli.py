@@ -78,9 +78,9 @@ async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _node_add(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.capacity import inventory
+    from app.capacity.nodes import add_node
 
-    return {"nodeId": await inventory.add_node(db, a.pool, a.gpus, a.owner_tenant)}
+    return {"nodeId": await add_node(db, a.pool, a.gpus, a.owner_tenant)}
 
 
 async def _demo(db: Database, _: argparse.Namespace) -> dict[str, Any]:
