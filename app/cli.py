@@ -317,14 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = Settings.from_env()
     if args.command == "serve":
-        return _serve(args, settings)
+        return _answer(args, lambda: _serve(args, settings))
     return _answer(args, lambda: _with_database(args, settings))
 
 
-def _answer(args: argparse.Namespace, result_of: Callable[[], dict[str, Any]]) -> int:
-    """Print the command's result, or its error as one line."""
+def _answer(args: argparse.Namespace, outcome: Callable[[], dict[str, Any] | int]) -> int:
+    """Print the command's result (`serve` returns its exit status), or its error as one
+    line."""
     try:
-        result = result_of()
+        result = outcome()
     except DomainError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except Exception as exc:
@@ -332,6 +333,8 @@ def _answer(args: argparse.Namespace, result_of: Callable[[], dict[str, Any]]) -
 
         error = to_domain_error(exc)
         return _fail(f"{error.code}: {error.message}")
+    if isinstance(result, int):
+        return result
     sys.stdout.write(getattr(args, "render", _json_line)(result, args))
     return 0
 
