@@ -1,26 +1,36 @@
 """The `bettercompute` operator command. Each admin command prints one JSON object on
 stdout, or a one-line error on stderr with a non-zero exit.
 
-Only argparse is imported up front: each command imports what it needs when it runs, so
-an admin command answers like a shell command (the server, GraphQL and the event relay
-load only for `serve`, Alembic only when the database is behind; bench/cli_commands.py).
+Only argparse and small modules are imported up front: each command imports what it
+needs when it runs, so an admin command answers like a shell command (the server, GraphQL
+and the event relay load only for `serve`, Alembic only when the database is behind;
+bench/cli_commands.py). The commands that create tenants, sites, provider accounts,
+callers and tokens run the domain's rules on the embedded SQLite file through the stdlib
+`sqlite3` when the file is at head (app/db/embedded_rows.py): no SQLAlchemy, no
+pydantic-settings (app/config_env.py), no asyncio. On any other database they run the
+same rules in a unit of work.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from app import config_env
 from app.capacity.errors import DomainError, InvalidInput
-from app.config import Settings
-from app.db.embedded import ensure_migrated, is_embedded
+from app.db.embedded import at_head, busy_timeout_ms, ensure_migrated, is_embedded, sqlite_file
 
 if TYPE_CHECKING:
+    from app.config import Settings
     from app.db.engine import Database
+    from app.db.inventory_rows import InventoryRows
 
+# A command that checks and adds inventory rows through the domain (app/db/inventory_rows.py):
+# on an embedded file at head it runs on the stdlib's sqlite3, elsewhere in a unit of work.
+Write = Callable[["InventoryRows", argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
+# Any other command, on the database's engines.
 Command = Callable[["Database", argparse.Namespace], Awaitable[dict[str, Any]]]
 SITE_KINDS = ("platform", "custom")  # app.capacity.inventory checks them; listed for --help
 
@@ -35,38 +45,39 @@ def _where(pairs: Sequence[str]) -> dict[str, str]:
     return conditions
 
 
-async def _tenant_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.capacity import inventory
+async def _tenant_create(rows: InventoryRows, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity.inventory import add_tenant
 
-    return {"tenantId": await inventory.create_tenant(db, a.id, a.parent)}
-
-
-async def _site_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.capacity import inventory
-
-    return {"siteId": await inventory.create_site(db, a.tenant, a.kind, a.region)}
+    return {"tenantId": await add_tenant(rows, a.id, a.parent)}
 
 
-async def _account_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.capacity import inventory
+async def _site_create(rows: InventoryRows, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity.inventory import add_site
 
-    return {"providerAccountId": await inventory.create_provider_account(db, a.tenant)}
+    return {"siteId": await add_site(rows, a.tenant, a.kind, a.region)}
 
 
-async def _caller_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.iam import callers
+async def _account_create(rows: InventoryRows, a: argparse.Namespace) -> dict[str, Any]:
+    from app.capacity.inventory import add_provider_account
 
-    caller_id, token = await callers.create_caller(db, a.tenant, a.role, _where(a.where))
+    return {"providerAccountId": await add_provider_account(rows, a.tenant)}
+
+
+async def _caller_create(rows: InventoryRows, a: argparse.Namespace) -> dict[str, Any]:
+    from app.iam.issuing import add_caller
+
+    caller_id, token = await add_caller(rows, a.tenant, a.role, _where(a.where))
     return {"callerId": caller_id, "token": token}
 
 
-async def _token_create(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.iam import callers
+async def _token_create(rows: InventoryRows, a: argparse.Namespace) -> dict[str, Any]:
+    from app.iam.issuing import add_token
 
-    return {"token": await callers.create_token(db, a.caller)}
+    return {"token": await add_token(rows, a.caller)}
 
 
 async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.config import Settings
     from app.events.bus import announce_revocation
     from app.iam import callers
 
@@ -78,9 +89,9 @@ async def _token_revoke(db: Database, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _node_add(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.capacity import inventory
+    from app.capacity.nodes import add_node
 
-    return {"nodeId": await inventory.add_node(db, a.pool, a.gpus, a.owner_tenant)}
+    return {"nodeId": await add_node(db, a.pool, a.gpus, a.owner_tenant)}
 
 
 async def _demo(db: Database, _: argparse.Namespace) -> dict[str, Any]:
@@ -146,28 +157,28 @@ def _parser() -> argparse.ArgumentParser:
     tenant = group("tenant", "tenants").add_parser("create")
     tenant.add_argument("id")
     tenant.add_argument("--parent")
-    tenant.set_defaults(run=_tenant_create)
+    tenant.set_defaults(write=_tenant_create)
 
     site = group("site", "sites").add_parser("create")
     site.add_argument("--tenant", required=True)
     site.add_argument("--kind", required=True, choices=SITE_KINDS)
     site.add_argument("--region", required=True)
-    site.set_defaults(run=_site_create)
+    site.set_defaults(write=_site_create)
 
     account = group("provider-account", "provider accounts").add_parser("create")
     account.add_argument("--tenant", required=True)
-    account.set_defaults(run=_account_create)
+    account.set_defaults(write=_account_create)
 
     caller = group("caller", "callers and their first token").add_parser("create")
     caller.add_argument("--tenant", required=True)
     caller.add_argument("--role", required=True)
     caller.add_argument("--where", action="append", default=[], metavar="KEY=VALUE")
-    caller.set_defaults(run=_caller_create)
+    caller.set_defaults(write=_caller_create)
 
     tokens = group("token", "API tokens")
     token_create = tokens.add_parser("create")
     token_create.add_argument("--caller", required=True)
-    token_create.set_defaults(run=_token_create)
+    token_create.set_defaults(write=_token_create)
     token_revoke = tokens.add_parser("revoke")
     token_revoke.add_argument("--token", required=True)
     token_revoke.set_defaults(run=_token_revoke)
@@ -197,18 +208,59 @@ def _embedded(url: str) -> bool:
     return is_embedded(url)
 
 
-async def _run(command: Command, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+def _embedded_target(args: argparse.Namespace) -> tuple[str, int] | None:
+    """(file, busy timeout in ms) when `args` writes inventory rows and the database is an
+    embedded file at head: then neither SQLAlchemy nor pydantic-settings is needed."""
+    if getattr(args, "write", None) is None:
+        return None
+    url = config_env.database_url()
+    path = sqlite_file(url)
+    timeout_s = config_env.db_statement_timeout_s()
+    if path is None or timeout_s is None or not at_head(url):
+        return None
+    return path, busy_timeout_ms(timeout_s)
+
+
+def _write_embedded(args: argparse.Namespace, path: str, busy_timeout: int) -> dict[str, Any]:
+    from app.db.embedded_rows import write_embedded
+
+    write: Write = args.write
+    return write_embedded(path, busy_timeout, lambda rows: write(rows, args))
+
+
+def _with_database(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    import asyncio
+
+    if args.command == "db":
+        from app.db.migrate import upgrade
+
+        return {"revision": asyncio.run(upgrade(settings.database_url))}
+    if args.command == "apply":
+        args.text = _read_file(args.file)  # before the database, so stdin is read once
+    return asyncio.run(_run(args, settings))
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     from app.db.engine import create_database
 
     await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
     db = create_database(settings.database_url, settings)
     try:
-        return await command(db, args)
+        write: Write | None = getattr(args, "write", None)
+        if write is None:
+            command: Command = args.run
+            return await command(db, args)
+        from app.db.uow import UnitOfWork
+
+        async with UnitOfWork(db) as uow:
+            return await write(uow.rows, args)
     finally:
         await db.dispose()
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
     import uvicorn
 
     from app.db.migrate import upgrade
@@ -258,18 +310,22 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    settings = Settings.from_env()
-    try:
-        if args.command == "serve":
-            return _serve(args, settings)
-        if args.command == "db":
-            from app.db.migrate import upgrade
+    target = _embedded_target(args)
+    if target is not None:
+        return _answer(args, lambda: _write_embedded(args, *target))
+    from app.config import Settings
 
-            result: dict[str, Any] = {"revision": asyncio.run(upgrade(settings.database_url))}
-        else:
-            if args.command == "apply":
-                args.text = _read_file(args.file)  # before the database, so stdin is read once
-            result = asyncio.run(_run(args.run, args, settings))
+    settings = Settings.from_env()
+    if args.command == "serve":
+        return _answer(args, lambda: _serve(args, settings))
+    return _answer(args, lambda: _with_database(args, settings))
+
+
+def _answer(args: argparse.Namespace, outcome: Callable[[], dict[str, Any] | int]) -> int:
+    """Print the command's result (`serve` returns its exit status), or its error as one
+    line."""
+    try:
+        result = outcome()
     except DomainError as exc:
         return _fail(f"{exc.code}: {exc.message}")
     except Exception as exc:
@@ -277,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         error = to_domain_error(exc)
         return _fail(f"{error.code}: {error.message}")
+    if isinstance(result, int):
+        return result
     sys.stdout.write(getattr(args, "render", _json_line)(result, args))
     return 0
 

@@ -15,8 +15,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./bettercompute.db"
-ENV_PREFIX = "BETTERCOMPUTE_"
+# What an admin command reads without this class (app/config_env.py) is defined there.
+from app.config_env import (
+    DB_STATEMENT_TIMEOUT_ENV,
+    DEFAULT_DATABASE_URL,
+    DEFAULT_DB_STATEMENT_TIMEOUT_S,
+    ENV_PREFIX,
+)
 
 _read_env: ContextVar[bool] = ContextVar("read_env", default=False)
 
@@ -109,11 +114,11 @@ class Settings(BaseSettings):
         10.0, "waiting for a connection from the pool", env="DB_ACQUIRE_TIMEOUT_SECONDS"
     )
     db_statement_timeout_s: float = setting(
-        10.0,
+        DEFAULT_DB_STATEMENT_TIMEOUT_S,
         "one statement, lock waits included (PostgreSQL `statement_timeout`; asyncpg gives up "
         "1 s later if the server does not answer); on SQLite the `busy_timeout` for the write "
         "lock",
-        env="DB_STATEMENT_TIMEOUT_SECONDS",
+        env=DB_STATEMENT_TIMEOUT_ENV,
     )
     readiness_timeout_s: float = setting(
         2.0, "how long `/readyz` waits for the database", env="READINESS_TIMEOUT_SECONDS"

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.capacity import inventory
+from app.capacity import nodes
 from app.capacity.inputs import CreateReservationInput, parse_input
 from app.capacity.service import Capacity
 from app.db.engine import Database
@@ -73,7 +73,7 @@ async def seed(db: Database) -> dict[str, Any]:
 
     for name, gpus in NODES.items():
         for count in gpus:
-            await inventory.add_node(db, pools[name], count)
+            await nodes.add_node(db, pools[name], count)
     capacity = Capacity(db)
     for caller, tenant, pool, resources in RESERVATIONS:
         await capacity.create_reservation(

@@ -46,7 +46,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from app.capacity import inventory
+from app.capacity import inventory, nodes
 from app.capacity.inputs import CreatePoolInput
 from app.capacity.service import Capacity
 from app.db.engine import create_database
@@ -102,13 +102,13 @@ async def seed(url: str, tenants: int, hot_nodes: int) -> Seeded:
         # The hot quota: one pool with plenty of capacity, one tenant booking in it.
         seeded.hot_pool, _ = await seed_tenant(db, capacity, "hot")
         for _ in range(hot_nodes):
-            await inventory.add_node(db, seeded.hot_pool, 1024)
+            await nodes.add_node(db, seeded.hot_pool, 1024)
         _, seeded.hot_token = await create_caller(db, "hot", "admin")
         # Independent tenants: a pool and a node each.
         for i in range(tenants):
             tenant = f"t{i:03d}"
             pool, viewer = await seed_tenant(db, capacity, tenant)
-            await inventory.add_node(db, pool, 1024)
+            await nodes.add_node(db, pool, 1024)
             _, token = await create_caller(db, tenant, "admin")
             seeded.tenants[tenant] = (pool, token, viewer)
         return seeded

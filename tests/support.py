@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from app.capacity import inventory
+from app.capacity import inventory, nodes
 from app.db.engine import Database
 from app.iam.callers import create_caller
 from app.iam.roles import FLEET_TENANT
@@ -37,7 +37,7 @@ class Fleet:
         return token
 
     async def node(self, pool_id: str, gpus: int, owner: str | None = None) -> str:
-        return await inventory.add_node(self.db, pool_id, gpus, owner)
+        return await nodes.add_node(self.db, pool_id, gpus, owner)
 
 
 @dataclass

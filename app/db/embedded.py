@@ -1,7 +1,9 @@
 """The embedded SQLite default migrates itself, and costs nothing when it is current.
 
 Running Alembic imports about a second of code, so `bettercompute` first reads the file's
-`alembic_version` with the stdlib and migrates only when it is behind (or missing).
+`alembic_version` with the stdlib and migrates only when it is behind (or missing). A file
+at head is then written with the stdlib too (app/db/embedded_rows.py). Every connection
+to the file, whichever driver opens it, starts with `connection_pragmas`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from app.db.head import HEAD_REVISION
 
@@ -19,21 +21,45 @@ def is_embedded(url: str) -> bool:
     return url.partition(":")[0].partition("+")[0] == "sqlite"
 
 
-def _sqlite_path(url: str) -> str | None:
-    """The file of `sqlite[+driver]:///path`, or None for memory and URLs with options."""
+def sqlite_file(url: str) -> str | None:
+    """The file of `sqlite[+driver]:///path`, or None for memory and URLs with options.
+    Percent-escapes are decoded, as SQLAlchemy decodes them."""
+    if not is_embedded(url):
+        return None
     _, sep, rest = url.partition(":///")
     if not sep or "?" in rest or rest in ("", ":memory:"):
         return None
-    return rest
+    return unquote(rest)
+
+
+def file_uri(path: str, mode: str) -> str:
+    """A URI for `sqlite3.connect(..., uri=True)` that opens `path` and never creates it."""
+    return f"file:{quote(path)}?mode={mode}"
+
+
+def busy_timeout_ms(statement_timeout_s: float) -> int:
+    """SQLite's wait for the write lock: the statement timeout (app/config.py)."""
+    return max(1, round(statement_timeout_s * 1000))
+
+
+def connection_pragmas(busy_timeout: int) -> tuple[str, ...]:
+    """Foreign keys enforced; WAL, so reads run beside the one writer; the write lock
+    waited for up to `busy_timeout` milliseconds."""
+    return (
+        "PRAGMA foreign_keys=ON",
+        "PRAGMA journal_mode=WAL",
+        "PRAGMA synchronous=NORMAL",
+        f"PRAGMA busy_timeout={busy_timeout}",
+    )
 
 
 def at_head(url: str) -> bool:
     """Whether the embedded database at `url` is already at HEAD_REVISION."""
-    path = _sqlite_path(url)
+    path = sqlite_file(url)
     if path is None or not Path(path).is_file():
         return False
     try:
-        with closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=30)) as conn:
+        with closing(sqlite3.connect(file_uri(path, "ro"), uri=True, timeout=30)) as conn:
             rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
     except sqlite3.Error:
         return False  # not migrated yet, or unreadable: let Alembic say what is wrong

@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.config import Settings
+from app.db.embedded import busy_timeout_ms, connection_pragmas
 
 # asyncpg's own statement bound sits above the server's statement_timeout, so a slow
 # statement is cancelled by the server (the connection stays usable) and the client's
@@ -91,16 +92,14 @@ class Database:
             await self.reader.dispose()
 
 
-def _configure_sqlite(engine: AsyncEngine, begin: str, busy_timeout_ms: int) -> None:
+def _configure_sqlite(engine: AsyncEngine, begin: str, busy_timeout: int) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's BEGIN below, not the driver, open transactions.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        for pragma in connection_pragmas(busy_timeout):
+            cursor.execute(pragma)
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
@@ -131,9 +130,9 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             pool_timeout=s.db_acquire_timeout_s,
             hide_parameters=True,
         )
-        busy_timeout_ms = max(1, round(s.db_statement_timeout_s * 1000))
-        _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout_ms)
-        _configure_sqlite(reader, "BEGIN", busy_timeout_ms)
+        busy_timeout = busy_timeout_ms(s.db_statement_timeout_s)
+        _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout)
+        _configure_sqlite(reader, "BEGIN", busy_timeout)
         return Database(url, writer, reader)
     target, pgbouncer = behind_pgbouncer(url)
     statement_timeout = str(max(1, round(s.db_statement_timeout_s * 1000)))

@@ -4,6 +4,7 @@ UNAVAILABLE (safe to retry); anything else unexpected is INTERNAL, revealing not
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Final
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -54,16 +55,22 @@ def _connection_sqlstate(code: str | None) -> bool:
     )
 
 
+def _sqlite_out_of_reach(error: BaseException | None) -> bool:
+    message = str(error).lower()
+    return any(sign in message for sign in _SQLITE_UNAVAILABLE)
+
+
 def _unavailable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     if _connection_sqlstate(sqlstate(exc)):
         return True
+    if isinstance(exc, sqlite3.OperationalError):  # app/db/embedded_rows.py, unwrapped
+        return _sqlite_out_of_reach(exc)
     if not isinstance(exc, _UNAVAILABLE):
         return False
     if isinstance(exc, OperationalError) and type(exc.orig).__module__.startswith("sqlite3"):
-        message = str(exc.orig).lower()
-        return any(sign in message for sign in _SQLITE_UNAVAILABLE)
+        return _sqlite_out_of_reach(exc.orig)
     return True
 
 

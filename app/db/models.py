@@ -22,6 +22,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.db.defaults import FIRST_AGENT_REVISION, utcnow
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -50,10 +52,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is not None and value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
@@ -106,7 +104,7 @@ class Site(Base):
     kind: Mapped[str] = mapped_column(String(16))
     region: Mapped[str] = mapped_column(String(64))
     # Desired-state revision of the site's agents; bumped when a pool's prewarmImages change.
-    agent_revision: Mapped[int] = mapped_column(default=1)
+    agent_revision: Mapped[int] = mapped_column(default=FIRST_AGENT_REVISION)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -272,4 +270,5 @@ __all__ = [
     "RoleBinding",
     "Site",
     "Tenant",
+    "utcnow",
 ]

@@ -13,6 +13,7 @@ from types import TracebackType
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
+from app.db.session_rows import SessionRows
 from app.events.outbox import PendingEvent, append_events
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class UnitOfWork:
         self._notify = notify
         self._events: list[PendingEvent] = []
         self.session: AsyncSession
+        self.rows: SessionRows  # the inventory rows (app/db/inventory_rows.py) in `session`
 
     @property
     def dialect(self) -> str:
@@ -36,6 +38,7 @@ class UnitOfWork:
 
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)
+        self.rows = SessionRows(self.session)
         return self
 
     async def __aexit__(

@@ -41,7 +41,8 @@ from app.db.models import (
 )
 from app.db.uow import Notify, UnitOfWork
 from app.fleet.schema import FleetFile, OfferEntry, PoolEntry
-from app.iam.callers import add_caller, rebind_caller
+from app.iam.callers import rebind_caller
+from app.iam.issuing import add_caller
 from app.iam.principal import Principal
 from app.iam.roles import FLEET_ADMIN, FLEET_TENANT
 
@@ -187,7 +188,7 @@ class _Apply:
                 item = {"kind": "tenant", "id": entry.id}
                 if row is None:
                     try:
-                        await add_tenant(self.uow, entry.id, entry.parent)
+                        await add_tenant(self.uow.rows, entry.id, entry.parent)
                     except DomainError as exc:
                         raise located(exc, path, {"tenantId": "id"}) from None
                     self.report.created.append(item)
@@ -211,7 +212,7 @@ class _Apply:
         site_id = await self._lookup(SITE, tenant_id, name)
         if site_id is None:
             try:
-                site_id = await add_site(self.uow, tenant_id, kind, region)
+                site_id = await add_site(self.uow.rows, tenant_id, kind, region)
             except DomainError as exc:
                 raise located(exc, path) from None
             await self._remember(SITE, tenant_id, name, site_id)
@@ -231,7 +232,7 @@ class _Apply:
         account_id = await self._lookup(ACCOUNT, tenant_id, name)
         if account_id is None:
             try:
-                account_id = await add_provider_account(self.uow, tenant_id)
+                account_id = await add_provider_account(self.uow.rows, tenant_id)
             except DomainError as exc:
                 raise located(exc, path) from None
             await self._remember(ACCOUNT, tenant_id, name, account_id)
@@ -246,7 +247,7 @@ class _Apply:
         try:
             caller_id = await self._lookup(CALLER, tenant_id, name)
             if caller_id is None:
-                caller_id, token = await add_caller(self.uow, tenant_id, role, dict(where))
+                caller_id, token = await add_caller(self.uow.rows, tenant_id, role, dict(where))
                 await self._remember(CALLER, tenant_id, name, caller_id)
                 # Shown once, as `caller create` does; a dry run's token never existed.
                 self.report.created.append(

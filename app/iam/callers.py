@@ -1,16 +1,17 @@
-"""Callers and their API tokens: random, shown once, stored only as a hash, revocable."""
+"""Callers and their API tokens: random, shown once, stored only as a hash, revocable.
+Issuing them is app/iam/issuing.py's; here a unit of work wraps it."""
 
 from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from app.capacity.errors import InvalidInput, NotFound, Unauthenticated
+from app.capacity.errors import NotFound, Unauthenticated
 from app.db.engine import Database
-from app.db.models import ApiToken, Caller, RoleBinding, Tenant, utcnow
+from app.db.models import ApiToken, Caller, RoleBinding, utcnow
 from app.db.uow import UnitOfWork
+from app.iam.issuing import add_caller, add_token, check_binding
 from app.iam.principal import Principal
-from app.iam.roles import BINDING_ATTRIBUTES, FLEET_ADMIN, FLEET_TENANT, ROLE_PERMISSIONS
-from app.ids import new_id, new_token, token_hash
+from app.ids import token_hash
 
 
 async def create_caller(
@@ -18,36 +19,7 @@ async def create_caller(
 ) -> tuple[str, str]:
     """Returns (caller id, its first token)."""
     async with UnitOfWork(db) as uow:
-        return await add_caller(uow, tenant_id, role, conditions)
-
-
-def _check_binding(tenant_id: str, role: str, conditions: dict[str, str] | None) -> None:
-    if role not in ROLE_PERMISSIONS:
-        raise InvalidInput(f"unknown role {role}; one of {sorted(ROLE_PERMISSIONS)}", field="role")
-    if role == FLEET_ADMIN and tenant_id != FLEET_TENANT:
-        raise InvalidInput(f"{FLEET_ADMIN} is only held in tenant {FLEET_TENANT}", field="role")
-    for key in conditions or {}:
-        if key not in BINDING_ATTRIBUTES:
-            raise InvalidInput(
-                f"cannot narrow by {key}; one of {BINDING_ATTRIBUTES}", field="where"
-            )
-
-
-async def add_caller(
-    uow: UnitOfWork, tenant_id: str, role: str, conditions: dict[str, str] | None = None
-) -> tuple[str, str]:
-    """`create_caller` inside a caller's unit of work (fleet files apply many at once)."""
-    _check_binding(tenant_id, role, conditions)
-    if await uow.session.get(Tenant, tenant_id) is None:
-        raise NotFound(f"tenant {tenant_id} not found", field="tenant")
-    caller_id = new_id("caller")
-    uow.session.add(Caller(id=caller_id, tenant_id=tenant_id))
-    uow.session.add(RoleBinding(caller_id=caller_id, role=role, conditions=conditions or {}))
-    await uow.session.flush()
-    token = new_token()
-    uow.session.add(ApiToken(token_hash=token_hash(token), caller_id=caller_id))
-    await uow.session.flush()
-    return caller_id, token
+        return await add_caller(uow.rows, tenant_id, role, conditions)
 
 
 async def rebind_caller(
@@ -57,7 +29,7 @@ async def rebind_caller(
     caller = await uow.session.get(Caller, caller_id)
     if caller is None:
         raise NotFound(f"caller {caller_id} not found", field="caller")
-    _check_binding(caller.tenant_id, role, conditions)
+    check_binding(caller.tenant_id, role, conditions)
     binding = await uow.session.get_one(RoleBinding, caller_id)
     binding.role = role
     binding.conditions = dict(conditions or {})
@@ -66,11 +38,7 @@ async def rebind_caller(
 
 async def create_token(db: Database, caller_id: str) -> str:
     async with UnitOfWork(db) as uow:
-        if await uow.session.get(Caller, caller_id) is None:
-            raise NotFound(f"caller {caller_id} not found", field="caller")
-        token = new_token()
-        uow.session.add(ApiToken(token_hash=token_hash(token), caller_id=caller_id))
-    return token
+        return await add_token(uow.rows, caller_id)
 
 
 async def revoke_token(db: Database, token: str) -> bool:

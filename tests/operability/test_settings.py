@@ -3,8 +3,11 @@ does; README's table is the one generated from the class."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from app import config_env
 from app.config import Settings
 from app.settings_table import README, readme_with_table
 
@@ -74,3 +77,44 @@ def test_every_setting_is_described_and_readme_has_the_generated_table() -> None
     assert readme_with_table(text) == text, "run scripts/settings-table --write"
     for field in Settings.model_fields:
         assert f"`{Settings.env_name(field)}`" in text
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {},
+        {
+            "BETTERCOMPUTE_DATABASE_URL": "postgresql+asyncpg://u@h/d",
+            "BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS": "2.5",
+        },
+        {"BETTERCOMPUTE_DATABASE_URL": "", "BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS": ""},
+        {
+            "bettercompute_database_url": "sqlite:///x.db",
+            "BetterCompute_DB_Statement_Timeout_Seconds": "3",
+        },
+        {"BETTERCOMPUTE_DATABASE_URL": "sqlite:///a.db", "bettercompute_database_url": ""},
+    ],
+    ids=["unset", "set", "empty", "any-case", "empty-spelling"],
+)
+def test_admin_commands_read_the_database_as_settings_does(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]
+) -> None:
+    """app/config_env.py reads two settings without pydantic-settings, the same way."""
+    read = {Settings.env_name("database_url"), Settings.env_name("db_statement_timeout_s")}
+    for name in list(os.environ):
+        if name.upper() in read:
+            monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.from_env()
+    assert config_env.database_url() == settings.database_url
+    assert config_env.db_statement_timeout_s() == settings.db_statement_timeout_s
+
+
+def test_a_statement_timeout_that_is_no_number_is_left_to_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS", "soon")
+    assert config_env.db_statement_timeout_s() is None  # the CLI then builds Settings
+    with pytest.raises(ValueError, match=r"db_statement_timeout_s|DB_STATEMENT_TIMEOUT"):
+        Settings.from_env()
