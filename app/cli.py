@@ -14,9 +14,9 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from app.capacity.errors import DomainError, InvalidInput
 from app.config import Settings
 from app.db.embedded import ensure_migrated, is_embedded
+from app.errors import DomainError, InvalidInput
 
 if TYPE_CHECKING:
     from app.db.engine import Database

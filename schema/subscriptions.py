@@ -13,8 +13,8 @@ from starlette.websockets import WebSocket
 from strawberry.scalars import JSON
 
 from app.capacity import pools
-from app.capacity.errors import NotFound
 from app.capacity.inputs import GetPoolInput
+from app.errors import NotFound
 from app.events import relay as events_relay
 from app.events.reader import OutboxEvent
 from app.events.relay import Relay

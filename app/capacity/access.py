@@ -11,17 +11,18 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.errors import Conflict, PermissionDenied, pool_not_found
 from app.capacity.reads import (
     Actor,
     Executor,
     effective_quotas,
     load_lineage,
     offers_of,
+    pool_not_found,
     visible_pool,
 )
 from app.capacity.views import PoolDetail, PoolView
 from app.db.models import AuthzRow, Pool
+from app.errors import Conflict, PermissionDenied
 from app.iam.decisions import (
     PoolAttributes,
     allows_pool,

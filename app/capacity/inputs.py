@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from app.capacity.bounds import MAX_RESOURCES
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
 POOL_ID_PATTERN = rf"pool_{ULID_TAIL}"

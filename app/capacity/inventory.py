@@ -6,10 +6,10 @@ import re
 
 from sqlalchemy import select
 
-from app.capacity.errors import Conflict, InvalidInput, InvalidState, NotFound
 from app.db.engine import Database
 from app.db.models import Node, Pool, ProviderAccount, Site, Tenant
 from app.db.uow import UnitOfWork
+from app.errors import Conflict, InvalidInput, InvalidState, NotFound
 from app.iam.roles import FLEET_TENANT
 from app.ids import new_id
 

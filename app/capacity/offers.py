@@ -8,7 +8,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_pool_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
-from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.projection import remove_authz_row, write_authz_row
@@ -16,6 +15,7 @@ from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
 from app.iam.roles import POOLS_SHARE

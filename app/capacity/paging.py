@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50

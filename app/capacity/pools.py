@@ -13,7 +13,6 @@ from app.capacity.access import (
     sees_offers,
 )
 from app.capacity.changes import Change, change, policy_changes
-from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
@@ -49,6 +48,7 @@ from app.db.models import (
     utcnow,
 )
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, InvalidState, NotFound
 from app.events.outbox import PendingEvent
 from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
 from app.iam.principal import Principal

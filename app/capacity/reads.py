@@ -10,7 +10,6 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from app.capacity.errors import NotFound, pool_not_found
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
@@ -22,10 +21,16 @@ from app.capacity.views import (
     ReservationView,
 )
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
+from app.errors import NotFound
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
 
 Executor = AsyncConnection | AsyncSession
+
+
+def pool_not_found(pool_id: str) -> NotFound:
+    """The one answer for a pool that is missing or hidden, so neither can be told apart."""
+    return NotFound(f"pool {pool_id} not found", field="poolId")
 
 
 @dataclass(frozen=True, slots=True)

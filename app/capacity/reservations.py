@@ -18,7 +18,6 @@ from sqlalchemy import CursorResult, Update, case, literal, select, union_all, u
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import pool_attributes, resolve_actor, resolve_pool_actor
-from app.capacity.errors import InvalidState, NotFound, ResourceExhausted
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
     CreateReservationInput,
@@ -29,6 +28,7 @@ from app.capacity.reads import Executor, reservation_view, reservations_of, visi
 from app.capacity.views import ReservationView
 from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import InvalidState, NotFound, ResourceExhausted
 from app.iam.decisions import allows_pool, decide_pool
 from app.iam.principal import Principal
 from app.iam.roles import RESERVATIONS_READ, RESERVATIONS_WRITE

@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime, timedelta
 
 from app import metrics
-from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
+from app.errors import InvalidInput, InvalidState
 from app.events.reader import (
     Bounds,
     OutboxEvent,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from app.capacity.errors import InvalidInput, NotFound, Unauthenticated
 from app.db.engine import Database
 from app.db.models import ApiToken, Caller, RoleBinding, Tenant, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, NotFound, Unauthenticated
 from app.iam.principal import Principal
 from app.iam.roles import BINDING_ATTRIBUTES, FLEET_ADMIN, FLEET_TENANT, ROLE_PERMISSIONS
 from app.ids import new_id, new_token, token_hash

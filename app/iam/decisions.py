@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.capacity.errors import PermissionDenied
+from app.errors import PermissionDenied
 from app.iam.principal import Principal
 
 

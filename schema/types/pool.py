@@ -9,9 +9,9 @@ from typing import Annotated, cast
 import strawberry
 from strawberry.scalars import JSON
 
-from app.capacity.errors import DomainError
 from app.capacity.listing import check_reservations, reservations_page_request
 from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
+from app.errors import DomainError
 from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
