@@ -19,7 +19,7 @@ from app.db.engine import Database
 from app.db.errors import RETRY_AFTER_S
 from app.events.bus import EventBus
 from app.events.relay import Relay
-from app.rest.responses import JSONResponse
+from app.http.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 

@@ -17,19 +17,19 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from app import tracing
-from app.body_limit import BodyLimit
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import livez, readyz
+from app.http.body_limit import BodyLimit
+from app.http.responses import JSONResponse
 from app.iam.revocations import RevocationWatcher
 from app.metrics import instrument_engine, metrics, worker_stopped
 from app.observe import Observe
 from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
-from app.rest.responses import JSONResponse
 from app.rest.routes import routes
 from schema.app import build_schema
 from schema.graphiql import assets_endpoint

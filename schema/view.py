@@ -26,10 +26,10 @@ from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.errors import DomainError
+from app.http.responses import JSONResponse
 from app.http.status import http_status
 from app.observe import record_code, request_info
 from app.rate_limit import RateLimiter
-from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_html

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.body_limit import BodyTooLarge
 from app.errors import DomainError
+from app.http.body_limit import BodyTooLarge
 
 STATUS_OF_CODE: dict[str, int] = {
     "INVALID_INPUT": 400,

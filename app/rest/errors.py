@@ -8,9 +8,9 @@ from starlette.responses import Response
 
 from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.errors import DomainError, InvalidInput, NotFound
+from app.http.responses import JSONResponse
 from app.http.status import http_status
 from app.observe import record_code
-from app.rest.responses import JSONResponse
 
 
 def error_body(error: DomainError) -> dict[str, object]:
