@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.reads import (
     Actor,
-    Executor,
     effective_quotas,
     load_lineage,
     offers_of,
@@ -21,6 +20,7 @@ from app.capacity.reads import (
     visible_pool,
 )
 from app.capacity.views import PoolDetail, PoolView
+from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.errors import Conflict, PermissionDenied
 from app.iam.decisions import (

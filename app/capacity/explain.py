@@ -12,8 +12,9 @@ from sqlalchemy import select
 
 from app.capacity.access import resolve_pool_actor
 from app.capacity.inputs import ExplainAccessInput
-from app.capacity.reads import Executor, visible_pool
+from app.capacity.reads import visible_pool
 from app.capacity.views import AccessExplanation, BindingView, Denial, GrantView, PoolView
+from app.db.engine import Executor
 from app.db.models import Offer
 from app.iam.decisions import PoolAttributes, allows_pool
 from app.iam.principal import Principal

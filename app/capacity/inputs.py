@@ -207,6 +207,20 @@ class ListQuotasInput(MethodInput):
     pool_id: PoolId | None = Field(default=None, alias="poolId")
 
 
+EventType = Literal[
+    "pool.created", "pool.offered", "pool.unoffered", "pool.updated", "pool.archived"
+]
+
+
+class PoolEventsInput(MethodInput):
+    """The `poolEvents` subscription; `after` is a cursor the domain decodes."""
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId | None = Field(default=None, alias="poolId")
+    types: Annotated[list[EventType], Field(max_length=5)] | None = None
+    after: Annotated[str, StringConstraints(max_length=64)] | None = None
+
+
 InputT = TypeVar("InputT", bound=MethodInput)
 
 

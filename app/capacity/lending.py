@@ -12,8 +12,9 @@ from sqlalchemy import and_, select
 
 from app.capacity.access import resolve_actor, sees_offers
 from app.capacity.inputs import LendingInput
-from app.capacity.reads import Actor, Executor, capacity_of, visible_pools
+from app.capacity.reads import Actor, capacity_of, visible_pools
 from app.capacity.views import CapacityView, LendingRowView, PoolView
+from app.db.engine import Executor
 from app.db.models import Offer, Pool, QuotaRow
 from app.iam.principal import Principal
 from app.iam.roles import POOLS_SHARE

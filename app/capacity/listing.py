@@ -18,7 +18,6 @@ from app.capacity.inputs import (
 )
 from app.capacity.paging import Page, PageRequest, page_request
 from app.capacity.reads import (
-    Executor,
     effective_quotas,
     reservations_pages,
     visible_pool,
@@ -26,6 +25,7 @@ from app.capacity.reads import (
     visible_pools_by_id,
 )
 from app.capacity.views import PoolView, QuotaView, ReservationView
+from app.db.engine import Executor
 from app.iam.decisions import allows_pool, decide_pool
 from app.iam.principal import Principal
 from app.iam.roles import POOLS_READ, RESERVATIONS_READ

@@ -29,7 +29,6 @@ from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
-    Executor,
     effective_quotas,
     load_lineage,
     offers_of,
@@ -39,6 +38,7 @@ from app.capacity.reads import (
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, ImpactView, PoolDetail
+from app.db.engine import Executor
 from app.db.models import (
     Offer,
     Pool,

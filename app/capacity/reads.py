@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, Select, and_, func, literal, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
@@ -20,12 +19,11 @@ from app.capacity.views import (
     QuotaView,
     ReservationView,
 )
+from app.db.engine import Executor
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
 from app.errors import NotFound
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
-
-Executor = AsyncConnection | AsyncSession
 
 
 def pool_not_found(pool_id: str) -> NotFound:

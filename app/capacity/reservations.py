@@ -24,8 +24,9 @@ from app.capacity.inputs import (
     ListReservationsInput,
     ReleaseReservationInput,
 )
-from app.capacity.reads import Executor, reservation_view, reservations_of, visible_pool
+from app.capacity.reads import reservation_view, reservations_of, visible_pool
 from app.capacity.views import ReservationView
+from app.db.engine import Executor
 from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
 from app.errors import InvalidState, NotFound, ResourceExhausted

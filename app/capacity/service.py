@@ -12,7 +12,8 @@ from typing import TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import explain, lending, offers, pools, reservations
+from app.capacity import explain, lending, offers, pool_events, pools, reservations
+from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -24,6 +25,7 @@ from app.capacity.inputs import (
     ListPoolsInput,
     ListReservationsInput,
     OfferPoolInput,
+    PoolEventsInput,
     ReleaseReservationInput,
     UnofferPoolInput,
     UpdatePoolInput,
@@ -38,15 +40,23 @@ from app.capacity.views import (
 )
 from app.db.engine import Database
 from app.db.uow import Notify, UnitOfWork
+from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
 
 T = TypeVar("T")
 
 
 class Capacity:
-    def __init__(self, db: Database, notify: Notify | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        notify: Notify | None = None,
+        *,
+        relay: Relay[PoolEventFilter] | None = None,
+    ) -> None:
         self.db = db
         self._notify = notify
+        self._relay = relay  # this process's event relay; only a server has one
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)
@@ -135,3 +145,12 @@ class Capacity:
     ) -> list[ReservationView]:
         async with self.reading() as conn:
             return await reservations.list_reservations(conn, principal, inp)
+
+    # -- events --------------------------------------------------------------------------
+
+    async def open_pool_events(
+        self, principal: Principal, inp: PoolEventsInput
+    ) -> Subscription[PoolEventFilter]:
+        if self._relay is None:
+            raise RuntimeError("pool events need a server's relay (Capacity(relay=...))")
+        return await pool_events.open_pool_events(self._relay, self.db, principal, inp)

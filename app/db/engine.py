@@ -27,9 +27,12 @@ from uuid import uuid4
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from app.config import Settings
+
+# What a read runs on: a connection, or a unit of work's session.
+Executor = AsyncConnection | AsyncSession
 
 # asyncpg's own statement bound sits above the server's statement_timeout, so a slow
 # statement is cancelled by the server (the connection stays usable) and the client's
