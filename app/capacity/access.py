@@ -20,6 +20,7 @@ from app.capacity.reads import (
     visible_pool,
 )
 from app.capacity.views import PoolDetail, PoolView
+from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.errors import Conflict, PermissionDenied
@@ -35,18 +36,17 @@ from app.iam.roles import CAPACITY_READ, POOLS_SHARE
 
 
 async def resolve_actor(
-    executor: Executor, principal: Principal, tenant_id: str, permission: str
+    executor: Executor, principal: Principal, tenant_id: str, method: Method
 ) -> Actor:
-    """For methods decided on the tenant (compute-tenant), e.g. list and create."""
-    decide_tenant(principal, tenant_id, permission)
-    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
-
-
-async def resolve_pool_actor(executor: Executor, principal: Principal, tenant_id: str) -> Actor:
-    """For methods decided on compute-pool: the tenant decision is only whether the caller
-    may act for the tenant. The permission is decided on the pool once it is visible, so a
-    pool the tenant cannot see is NOT_FOUND whatever the caller's role (CONTRACT 2)."""
-    decide_acting_for(principal, tenant_id)
+    """The tenant decision, as the method's catalog row says. A method on compute-tenant
+    (list, create, ...) needs its permission on the tenant. On compute-pool the tenant
+    decision is only whether the caller may act for the tenant: the permission is decided
+    on the pool once it is visible, so a pool the tenant cannot see is NOT_FOUND whatever
+    the caller's role (CONTRACT 2)."""
+    if method.resource_type == "compute-pool":
+        decide_acting_for(principal, tenant_id)
+    else:
+        decide_tenant(principal, tenant_id, method.permission)
     return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
 
 

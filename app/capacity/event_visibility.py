@@ -35,11 +35,11 @@ from sqlalchemy import select
 from app.capacity.access import reads_offers
 from app.capacity.reads import Actor
 from app.capacity.views import Grant
+from app.catalog import LIST_POOLS
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.events.reader import OutboxEvent
 from app.iam.decisions import PoolAttributes, allows_pool
-from app.iam.roles import POOLS_READ
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ def readable_event(
         attributes, through = grant.attributes, grant.tenant_id
     else:
         return None
-    if not allows_pool(actor.principal, POOLS_READ, attributes):
+    if not allows_pool(actor.principal, LIST_POOLS.permission, attributes):  # as `list`
         return None
     if reads_offers(actor.principal, pool.owner == actor.tenant_id, attributes):
         return event  # the owner's sharer reads every offer, as `offers` shows it

@@ -12,11 +12,11 @@ from __future__ import annotations
 from app.capacity.access import resolve_actor
 from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import PoolEventsInput
+from app.catalog import LIST_POOLS
 from app.db.engine import Database
 from app.events.cursor import decode_cursor
 from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
-from app.iam.roles import POOLS_READ
 
 
 async def open_pool_events(
@@ -26,7 +26,8 @@ async def open_pool_events(
     `stream()` for the events."""
     after = decode_cursor(inp.after) if inp.after is not None else None
     async with db.reader.connect() as conn:
-        actor = await resolve_actor(conn, principal, inp.tenant_id, POOLS_READ)
+        # Decided as `list` is: compute:pools:read on the tenant.
+        actor = await resolve_actor(conn, principal, inp.tenant_id, LIST_POOLS)
     event_filter = PoolEventFilter(
         actor=actor,
         pool_id=inp.pool_id,

@@ -9,7 +9,6 @@ from app.capacity.access import (
     lock_owned_pool,
     pool_detail,
     resolve_actor,
-    resolve_pool_actor,
     sees_offers,
 )
 from app.capacity.changes import Change, change, policy_changes
@@ -38,6 +37,14 @@ from app.capacity.reads import (
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import CapacityView, ImpactView, PoolDetail
+from app.catalog import (
+    ARCHIVE_POOL,
+    CREATE_POOL,
+    GET_POOL,
+    LIST_POOLS,
+    POOL_CAPACITY,
+    UPDATE_POOL,
+)
 from app.db.engine import Executor
 from app.db.models import (
     Offer,
@@ -52,7 +59,6 @@ from app.errors import InvalidInput, InvalidState, NotFound
 from app.events.outbox import PendingEvent
 from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_CREATE, POOLS_MANAGE, POOLS_READ
 
 DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
 
@@ -63,11 +69,11 @@ DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
 async def list_pools(
     executor: Executor, principal: Principal, inp: ListPoolsInput
 ) -> list[PoolDetail]:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_READ)
+    actor = await resolve_actor(executor, principal, inp.tenant_id, LIST_POOLS)
     pools = [
         p
         for p in await visible_pools(executor, actor)
-        if allows_pool(principal, POOLS_READ, p.grant.attributes)
+        if allows_pool(principal, LIST_POOLS.permission, p.grant.attributes)
     ]
     quotas = await effective_quotas(executor, pools)
     offered = [p.id for p in pools if sees_offers(principal, p)]
@@ -76,18 +82,18 @@ async def list_pools(
 
 
 async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) -> PoolDetail:
-    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
+    actor = await resolve_actor(executor, principal, inp.tenant_id, GET_POOL)
     detail = await pool_detail(executor, actor, inp.pool_id)
-    decide_pool(principal, POOLS_READ, detail.pool.grant.attributes)
+    decide_pool(principal, GET_POOL.permission, detail.pool.grant.attributes)
     return detail
 
 
 async def pool_capacity(
     executor: Executor, principal: Principal, inp: CapacityInput
 ) -> tuple[CapacityView, ...]:
-    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
+    actor = await resolve_actor(executor, principal, inp.tenant_id, POOL_CAPACITY)
     pool = await visible_pool(executor, actor, inp.pool_id)
-    decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
+    decide_pool(principal, POOL_CAPACITY.permission, pool.grant.attributes)
     # The owner (with share) also sees what it lent: offered, guestUsed, overcommit.
     return (await lent_capacity(executor, principal, [pool]))[pool.id]
 
@@ -141,7 +147,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
         return await pool_detail(session, actor, pool_id)
 
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_CREATE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, CREATE_POOL)
     site = await session.get(Site, inp.site_id)
     if site is None or site.tenant_id != actor.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
@@ -157,7 +163,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     )
     attributes = PoolAttributes(inp.gpu_model, inp.pool_class, inp.sharing, site.region, True)
     # A narrowed binding may only create pools it could then manage.
-    decide_pool(principal, POOLS_CREATE, attributes)
+    decide_pool(principal, CREATE_POOL.permission, attributes)
 
     await call.remember(session)
     now = utcnow()
@@ -211,14 +217,14 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, UPDATE_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, UPDATE_POOL.permission)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
         # create requires of a new pool).
         moved = PoolAttributes(inp.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
-        decide_pool(principal, POOLS_MANAGE, moved)
+        decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
@@ -270,8 +276,8 @@ async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, ARCHIVE_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, ARCHIVE_POOL.permission)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
