@@ -94,16 +94,26 @@ class Database:
             await self.reader.dispose()
 
 
-def _configure_sqlite(engine: AsyncEngine, begin: str, busy_timeout_ms: int) -> None:
+# A server's connections: foreign keys enforced, WAL so reads run beside the writer.
+SERVER_PRAGMAS = ("foreign_keys=ON", "journal_mode=WAL", "synchronous=NORMAL")
+
+
+def configure_sqlite(
+    engine: AsyncEngine,
+    begin: str,
+    busy_timeout_ms: int,
+    pragmas: tuple[str, ...] = SERVER_PRAGMAS,
+) -> None:
+    """Every connection gets `pragmas` and the busy timeout; every transaction starts with
+    `begin` (BEGIN IMMEDIATE takes the write lock up front, waiting for it if busy)."""
+
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's BEGIN below, not the driver, open transactions.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        for pragma in (*pragmas, f"busy_timeout={busy_timeout_ms}"):
+            cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
@@ -135,8 +145,8 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             hide_parameters=True,
         )
         busy_timeout_ms = max(1, round(s.db_statement_timeout_s * 1000))
-        _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout_ms)
-        _configure_sqlite(reader, "BEGIN", busy_timeout_ms)
+        configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout_ms)
+        configure_sqlite(reader, "BEGIN", busy_timeout_ms)
         return Database(url, writer, reader)
     target, pgbouncer = behind_pgbouncer(url)
     statement_timeout = str(max(1, round(s.db_statement_timeout_s * 1000)))

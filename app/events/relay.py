@@ -42,6 +42,7 @@ from app.events.reader import (
     prune_events,
     read_events,
 )
+from app.events.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -243,11 +244,7 @@ class Relay(Generic[F]):
             self._tasks.append(asyncio.create_task(self._prune_loop(), name="event-pruner"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     def wake(self, seq: int | None) -> None:
