@@ -12,7 +12,6 @@ import strawberry
 from starlette.websockets import WebSocket
 from strawberry.scalars import JSON
 
-from app.capacity import pools
 from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import GetPoolInput, PoolEventsInput, parse_input
 from app.errors import NotFound
@@ -20,7 +19,7 @@ from app.events import relay as events_relay
 from app.events.reader import OutboxEvent
 from schema.context import Context
 from schema.lookahead import selected_below
-from schema.pool_nodes import pool_from_detail
+from schema.pool_nodes import pool_from_detail, pool_parts
 from schema.types.pool import Pool
 
 Info = strawberry.Info[Context, None]
@@ -69,11 +68,12 @@ class PoolEvent:
             return None
         principal = await ctx.principal()
         inp = GetPoolInput.model_validate({"tenantId": self.tenant, "poolId": self.pool_id})
+        parts = pool_parts(selected_below(info, ()))
         try:
-            detail = await ctx.reads.run(lambda conn: pools.get_pool(conn, principal, inp))
+            detail = await ctx.capacity.get_pool(principal, inp, parts=parts, reads=ctx.reads)
         except NotFound:
             return None
-        return await pool_from_detail(ctx, principal, self.tenant, detail, selected_below(info, ()))
+        return pool_from_detail(detail, self.tenant)
 
 
 def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolEvent:

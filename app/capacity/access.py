@@ -13,13 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.reads import (
     Actor,
-    effective_quotas,
     load_lineage,
-    offers_of,
     pool_not_found,
-    visible_pool,
 )
-from app.capacity.views import PoolDetail, PoolView
+from app.capacity.views import PoolView
 from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
@@ -135,15 +132,3 @@ def capacity_denied(principal: Principal, pool: PoolView) -> PermissionDenied | 
     if not sees_capacity(principal, pool):
         return PermissionDenied(f"{CAPACITY_READ} is not granted on this pool", field="capacity")
     return None
-
-
-async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDetail:
-    """The pool as the actor's tenant sees it: its own quota rows, offers for the owner."""
-    pool = await visible_pool(executor, actor, pool_id)
-    quotas = (await effective_quotas(executor, [pool]))[pool_id]
-    offers = (
-        (await offers_of(executor, [pool_id]))[pool_id]
-        if sees_offers(actor.principal, pool)
-        else None
-    )
-    return PoolDetail(pool, quotas, offers)

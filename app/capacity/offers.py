@@ -5,11 +5,12 @@ from __future__ import annotations
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_actor
+from app.capacity.access import check_version, lock_owned_pool, resolve_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
+from app.capacity.pool_reads import pool_detail
 from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail

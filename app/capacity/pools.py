@@ -1,4 +1,4 @@
-"""Pool lifecycle: create, update, archive, and the reads (list, get, capacity)."""
+"""Pool lifecycle: create, update, archive (the reads are in pool_reads.py)."""
 
 from __future__ import annotations
 
@@ -7,45 +7,32 @@ from typing import Any
 from app.capacity.access import (
     check_version,
     lock_owned_pool,
-    pool_detail,
     resolve_actor,
-    sees_offers,
 )
 from app.capacity.changes import Change, change, policy_changes
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
-    CapacityInput,
     CreatePoolInput,
-    GetPoolInput,
-    ListPoolsInput,
     UpdatePoolInput,
 )
-from app.capacity.lending import lent_capacity
 from app.capacity.offers import offers_on, withdraw_offer
 from app.capacity.policy import PolicyContext, validate_policy
+from app.capacity.pool_reads import pool_detail
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
-    effective_quotas,
     load_lineage,
-    offers_of,
-    visible_pool,
-    visible_pools,
 )
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
-from app.capacity.views import CapacityView, ImpactView, PoolDetail
+from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import (
     ARCHIVE_POOL,
     CREATE_POOL,
-    GET_POOL,
-    LIST_POOLS,
-    POOL_CAPACITY,
     UPDATE_POOL,
 )
-from app.db.engine import Executor
 from app.db.models import (
     Offer,
     Pool,
@@ -57,45 +44,10 @@ from app.db.models import (
 from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound
 from app.events.outbox import PendingEvent
-from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
+from app.iam.decisions import PoolAttributes, decide_pool
 from app.iam.principal import Principal
 
 DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
-
-
-# -- reads ---------------------------------------------------------------------------------
-
-
-async def list_pools(
-    executor: Executor, principal: Principal, inp: ListPoolsInput
-) -> list[PoolDetail]:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, LIST_POOLS)
-    pools = [
-        p
-        for p in await visible_pools(executor, actor)
-        if allows_pool(principal, LIST_POOLS.permission, p.grant.attributes)
-    ]
-    quotas = await effective_quotas(executor, pools)
-    offered = [p.id for p in pools if sees_offers(principal, p)]
-    offers = await offers_of(executor, offered) if offered else {}
-    return [PoolDetail(p, quotas[p.id], offers.get(p.id)) for p in pools]
-
-
-async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) -> PoolDetail:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, GET_POOL)
-    detail = await pool_detail(executor, actor, inp.pool_id)
-    decide_pool(principal, GET_POOL.permission, detail.pool.grant.attributes)
-    return detail
-
-
-async def pool_capacity(
-    executor: Executor, principal: Principal, inp: CapacityInput
-) -> tuple[CapacityView, ...]:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, POOL_CAPACITY)
-    pool = await visible_pool(executor, actor, inp.pool_id)
-    decide_pool(principal, POOL_CAPACITY.permission, pool.grant.attributes)
-    # The owner (with share) also sees what it lent: offered, guestUsed, overcommit.
-    return (await lent_capacity(executor, principal, [pool]))[pool.id]
 
 
 # -- create --------------------------------------------------------------------------------
@@ -305,14 +257,3 @@ async def archive_pool(
     )
     await session.flush()
     return await pool_detail(session, actor, pool.id)
-
-
-__all__ = [
-    "archive_pool",
-    "create_pool",
-    "get_pool",
-    "list_pools",
-    "pool_capacity",
-    "update_pool",
-    "visible_pool",
-]
