@@ -141,17 +141,6 @@ async def visible_pools(
     return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
 
 
-async def visible_pools_by_id(
-    executor: Executor, actor: Actor, pool_ids: Sequence[str]
-) -> dict[str, PoolView]:
-    """Many pools at once, as the actor sees them; ids it cannot see are simply absent."""
-    if not pool_ids:
-        return {}
-    pools = (await executor.execute(_visible_pools_query(actor).where(Pool.id.in_(pool_ids)))).all()
-    grants = await load_grants(executor, actor, [p.id for p in pools])
-    return {p.id: _pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants}
-
-
 async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:
     """One pool as the actor sees it, or the same NOT_FOUND whether it is missing or hidden."""
     pool = (
