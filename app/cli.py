@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import config_env
-from app.capacity.errors import DomainError, InvalidInput
 from app.db.embedded import at_head, busy_timeout_ms, ensure_migrated, is_embedded, sqlite_file
+from app.errors import DomainError, InvalidInput
 
 if TYPE_CHECKING:
     from app.config import Settings

@@ -54,26 +54,44 @@ async def _existing_tokens(db: Database) -> dict[str, str]:
 
 
 async def seed(db: Database) -> dict[str, Any]:
-    async with db.reader.connect() as conn:
-        seeded = await conn.scalar(select(Tenant.id).where(Tenant.id == "acme"))
-    if seeded:
+    if await _seeded(db):
         fresh = await _existing_tokens(db)
         return {"seeded": False, "tokens": fresh, **_hints(fresh)}
-
     # Tenants, sites, callers, pools and offers: the shipped fleet file, applied by the
     # code behind `bettercompute apply`. Nodes and reservations are not fleet-file things.
     fleet = read_fleet(DEMO_FLEET.read_text(), str(DEMO_FLEET))
     report = await apply_fleet(db, fleet)
     ids = {(e["kind"], e.get("name")): e.get("id") for e in report["created"]}
     tokens = {e["name"]: e["token"] for e in report["created"] if e["kind"] == "caller"}
+    pools = {p.name: ids[("pool", p.name)] for p in fleet.pools}
+    await _add_nodes(db, pools)
     principals = {
         c.name: Principal(ids[("caller", c.name)], c.tenant, c.role) for c in fleet.callers
     }
-    pools = {p.name: ids[("pool", p.name)] for p in fleet.pools}
+    await _book_reservations(db, principals, pools)
+    return {
+        "seeded": True,
+        "tokens": tokens,
+        "pools": pools,
+        "sites": {s.name: ids[("site", s.name)] for s in fleet.sites},
+        **_hints(tokens),
+    }
 
+
+async def _seeded(db: Database) -> bool:
+    async with db.reader.connect() as conn:
+        return await conn.scalar(select(Tenant.id).where(Tenant.id == "acme")) is not None
+
+
+async def _add_nodes(db: Database, pools: dict[str, str]) -> None:
     for name, gpus in NODES.items():
         for count in gpus:
             await nodes.add_node(db, pools[name], count)
+
+
+async def _book_reservations(
+    db: Database, principals: dict[str, Principal], pools: dict[str, str]
+) -> None:
     capacity = Capacity(db)
     for caller, tenant, pool, resources in RESERVATIONS:
         await capacity.create_reservation(
@@ -83,13 +101,6 @@ async def seed(db: Database) -> dict[str, Any]:
                 {"tenantId": tenant, "poolId": pools[pool], "resources": resources},
             ),
         )
-    return {
-        "seeded": True,
-        "tokens": tokens,
-        "pools": pools,
-        "sites": {s.name: ids[("site", s.name)] for s in fleet.sites},
-        **_hints(tokens),
-    }
 
 
 def _hints(tokens: dict[str, str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,7 +19,7 @@ from app.db.engine import Database
 from app.db.errors import RETRY_AFTER_S
 from app.events.bus import EventBus
 from app.events.relay import Relay
-from app.rest.responses import JSONResponse
+from app.http.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def broker_check(bus: EventBus) -> Check:
     return "ok" if bus.connected else "unavailable"
 
 
-def relay_check(relay: Relay, max_lag_s: float) -> Check:
+def relay_check(relay: Relay[Any], max_lag_s: float) -> Check:
     """Caught up: nothing committed (that this process heard of) is left to relay, or the
     relay read to the end of the outbox within the bound. A relay that never read its
     cursor (the database was away at start) is not ready."""

@@ -19,8 +19,8 @@ from limits.aio.strategies import FixedWindowRateLimiter
 from redis.asyncio import ConnectionPool
 
 from app import metrics
-from app.capacity.errors import ResourceExhausted
 from app.config import Settings
+from app.errors import ResourceExhausted
 from app.observe import RequestInfo
 
 log = logging.getLogger(__name__)

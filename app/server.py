@@ -17,19 +17,20 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from app import tracing
-from app.body_limit import BodyLimit
+from app.capacity.event_visibility import POOL_EVENTS
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import livez, readyz
+from app.http.body_limit import BodyLimit
+from app.http.responses import JSONResponse
 from app.iam.revocations import RevocationWatcher
 from app.metrics import instrument_engine, metrics, worker_stopped
 from app.observe import Observe
 from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
-from app.rest.responses import JSONResponse
 from app.rest.routes import routes
 from schema.app import build_schema
 from schema.graphiql import assets_endpoint
@@ -83,7 +84,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         instrument_engine(db.writer, "writer")
         if db.reader is not db.writer:
             instrument_engine(db.reader, "reader")
-        relay = relay_for(db, settings)
+        relay = relay_for(db, settings, POOL_EVENTS)
         bus.add_listener(relay.wake)
         revocations = RevocationWatcher(db, settings.revocation_poll_interval_s)
         bus.add_revocation_listener(revocations.wake)
@@ -96,7 +97,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.relay = relay
         app.state.revocations = revocations
         app.state.rate_limiter = limiter = RateLimiter(settings)
-        app.state.capacity = Capacity(db, bus.notify)
+        app.state.capacity = Capacity(db, bus.notify, relay=relay)
         tune_gc()
         try:
             yield

@@ -13,10 +13,10 @@ from starlette.websockets import WebSocket
 
 from app.capacity.service import Capacity
 from app.config import Settings
+from app.db.read_scope import ReadScope
 from app.iam.callers import authenticate
 from app.iam.principal import Principal
 from schema.loaders import Loaders, create_loaders
-from schema.read_scope import ReadScope
 
 T = TypeVar("T")
 
@@ -35,14 +35,14 @@ class Context:
     cost: int | None = field(default=None, init=False)  # the operation's (schema/limits.py)
 
     def __post_init__(self) -> None:
-        self.reads = ReadScope(self.capacity.db)
+        self.reads = self.capacity.read_scope()
 
     @property
     def loaders(self) -> Loaders:
         """Made on first use: a websocket that only streams events never needs them, and a
         server holds thousands of those."""
         if self._loaders is None:
-            self._loaders = create_loaders(self.reads, self.principal)
+            self._loaders = create_loaders(self.capacity, self.reads, self.principal)
         return self._loaders
 
     def authorization(self) -> str | None:

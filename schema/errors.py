@@ -17,8 +17,8 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types.execution import StreamExecutionResult
 
-from app.capacity.errors import DomainError
 from app.db.errors import to_domain_error
+from app.errors import DomainError
 
 INVALID_INPUT = "INVALID_INPUT"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"

@@ -14,7 +14,7 @@ from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
 from schema.context import Context
 from schema.lookahead import selected_below
-from schema.pool_nodes import pool_from_detail
+from schema.pool_nodes import pool_from_detail, pool_parts
 from schema.types.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
@@ -100,11 +100,13 @@ def _reservation(view: ReservationView) -> ReservationPayload:
 
 
 async def _pool_payload(info: Info, tenant_id: str, detail: PoolDetail) -> PoolPayload:
+    """The pool a write returned, with the parts the payload selects read after it."""
     ctx = info.context
-    pool = await pool_from_detail(
-        ctx, await ctx.principal(), tenant_id, detail, selected_below(info, ("pool",))
+    parts = pool_parts(selected_below(info, ("pool",)))
+    detail = await ctx.capacity.pool_parts(
+        await ctx.principal(), detail, parts, reads=ctx.reads
     )
-    return PoolPayload(pool=pool)
+    return PoolPayload(pool=pool_from_detail(detail, tenant_id))
 
 
 @strawberry.type(description="Writes of the pools method group, and reservations.")

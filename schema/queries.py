@@ -8,8 +8,6 @@ from typing import Annotated
 
 import strawberry
 
-from app.capacity import explain, listing, pools
-from app.capacity import lending as lender
 from app.capacity.inputs import (
     CapacityInput,
     ExplainAccessInput,
@@ -19,11 +17,12 @@ from app.capacity.inputs import (
     ListQuotasInput,
     parse_input,
 )
+from app.capacity.paging import pools_page_request
 from app.capacity.views import AccessExplanation, CapacityView, LendingRowView, QuotaView
 from app.catalog import POOL_METHODS
 from schema.context import Context
 from schema.lookahead import selected_below
-from schema.pool_nodes import build_pools, pool_from_detail
+from schema.pool_nodes import pool_from_detail, pool_parts
 from schema.types.access import Access
 from schema.types.capacity_row import CapacityRow
 from schema.types.lending import LendingRow
@@ -62,10 +61,12 @@ class Query:
         ctx = info.context
         principal = await ctx.principal()
         inp = parse_input(ListPoolsInput, {"tenantId": tenant_id})
-        request = listing.pools_page_request(first, after)
-        page = await ctx.reads.run(lambda conn: listing.page_pools(conn, principal, inp, request))
+        request = pools_page_request(first, after)
         selected = selected_below(info, ("nodes",), ("edges", "node"))
-        nodes = await build_pools(ctx, principal, inp.tenant_id, page.items, selected)
+        page = await ctx.capacity.list_pools(
+            principal, inp, page=request, parts=pool_parts(selected), reads=ctx.reads
+        )
+        nodes = [pool_from_detail(detail, inp.tenant_id) for detail in page.items]
         return PoolConnection(nodes=nodes, page_info=page_info(page, [p.id for p in nodes]))
 
     @strawberry.field(
@@ -81,10 +82,9 @@ class Query:
         ctx = info.context
         principal = await ctx.principal()
         inp = parse_input(GetPoolInput, {"tenantId": tenant_id, "poolId": pool_id})
-        detail = await ctx.reads.run(lambda conn: pools.get_pool(conn, principal, inp))
-        return await pool_from_detail(
-            ctx, principal, inp.tenant_id, detail, selected_below(info, ())
-        )
+        parts = pool_parts(selected_below(info, ()))
+        detail = await ctx.capacity.get_pool(principal, inp, parts=parts, reads=ctx.reads)
+        return pool_from_detail(detail, inp.tenant_id)
 
     @strawberry.field(
         graphql_type=list[CapacityRow],
@@ -100,7 +100,7 @@ class Query:
         ctx = info.context
         principal = await ctx.principal()
         inp = parse_input(CapacityInput, {"tenantId": tenant_id, "poolId": pool_id})
-        return await ctx.reads.run(lambda conn: pools.pool_capacity(conn, principal, inp))
+        return await ctx.capacity.capacity(principal, inp, reads=ctx.reads)
 
     @strawberry.field(
         graphql_type=list[Quota],
@@ -122,7 +122,7 @@ class Query:
         if pool_id is not None:
             payload["poolId"] = pool_id
         inp = parse_input(ListQuotasInput, payload)
-        return await ctx.reads.run(lambda conn: listing.list_quotas(conn, principal, inp))
+        return await ctx.capacity.list_quotas(principal, inp, reads=ctx.reads)
 
     @strawberry.field(
         graphql_type=Access,
@@ -149,7 +149,7 @@ class Query:
         principal = await ctx.principal()
         payload = {"tenantId": tenant_id, "poolId": pool_id, "permission": permission}
         inp = parse_input(ExplainAccessInput, payload)
-        return await ctx.reads.run(lambda conn: explain.explain_access(conn, principal, inp))
+        return await ctx.capacity.explain_access(principal, inp, reads=ctx.reads)
 
     @strawberry.field(
         graphql_type=list[LendingRow],
@@ -171,7 +171,7 @@ class Query:
         if first is not None:
             payload["first"] = first
         inp = parse_input(LendingInput, payload)
-        return await ctx.reads.run(lambda conn: lender.lending(conn, principal, inp))
+        return await ctx.capacity.lending(principal, inp, reads=ctx.reads)
 
     @strawberry.field(description="The seed's method table for the pools group.")
     async def catalog(self, info: Info) -> list[Method]:

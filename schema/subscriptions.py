@@ -1,5 +1,5 @@
 """Subscription root: `poolEvents`, the live stream of pool events (CONTRACT sections 7, 9;
-docs/events.md). Resolvers translate to app/events and back; nothing else."""
+docs/events.md). Resolvers translate to the domain and back; nothing else."""
 
 from __future__ import annotations
 
@@ -12,16 +12,14 @@ import strawberry
 from starlette.websockets import WebSocket
 from strawberry.scalars import JSON
 
-from app.capacity import pools
-from app.capacity.errors import NotFound
-from app.capacity.inputs import GetPoolInput
+from app.capacity.event_visibility import PoolEventFilter
+from app.capacity.inputs import GetPoolInput, PoolEventsInput, parse_input
+from app.errors import NotFound
 from app.events import relay as events_relay
 from app.events.reader import OutboxEvent
-from app.events.relay import Relay
-from app.events.subscribe import open_pool_events
 from schema.context import Context
 from schema.lookahead import selected_below
-from schema.pool_nodes import pool_from_detail
+from schema.pool_nodes import pool_from_detail, pool_parts
 from schema.types.pool import Pool
 
 Info = strawberry.Info[Context, None]
@@ -70,11 +68,12 @@ class PoolEvent:
             return None
         principal = await ctx.principal()
         inp = GetPoolInput.model_validate({"tenantId": self.tenant, "poolId": self.pool_id})
+        parts = pool_parts(selected_below(info, ()))
         try:
-            detail = await ctx.reads.run(lambda conn: pools.get_pool(conn, principal, inp))
+            detail = await ctx.capacity.get_pool(principal, inp, parts=parts, reads=ctx.reads)
         except NotFound:
             return None
-        return await pool_from_detail(ctx, principal, self.tenant, detail, selected_below(info, ()))
+        return pool_from_detail(detail, self.tenant)
 
 
 def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolEvent:
@@ -91,7 +90,9 @@ def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolE
     )
 
 
-def _close_when_evicted(subscription: events_relay.Subscription, request: object) -> None:
+def _close_when_evicted(
+    subscription: events_relay.Subscription[PoolEventFilter], request: object
+) -> None:
     if not isinstance(request, WebSocket):
         return
 
@@ -131,15 +132,12 @@ class Subscription:
         ] = None,
     ) -> AsyncGenerator[PoolEvent, None]:
         ctx = info.context
-        relay: Relay = ctx.request.app.state.relay
         principal = await ctx.principal()
-        arguments: dict[str, object] = {
-            "tenantId": tenant_id,
-            "poolId": pool_id,
-            "types": types,
-            "after": after,
-        }
-        subscription = await open_pool_events(relay, principal, arguments)
+        arguments = {"tenantId": tenant_id, "poolId": pool_id, "types": types, "after": after}
+        inp = parse_input(
+            PoolEventsInput, {k: v for k, v in arguments.items() if v is not None}
+        )
+        subscription = await ctx.capacity.open_pool_events(principal, inp)
         _close_when_evicted(subscription, ctx.request)
         tenant = subscription.filter.actor.tenant_id
         reads_pool = "pool" in selected_below(info, ())

@@ -22,13 +22,14 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UnsetType
 
-from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.errors import DomainError
+from app.http.responses import JSONResponse
+from app.http.status import http_status
 from app.observe import record_code, request_info
 from app.rate_limit import RateLimiter
-from app.rest.responses import JSONResponse
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_html
@@ -100,7 +101,7 @@ class GraphQLView(GraphQL[Context, None]):
                 # (401 without data under application/graphql-response+json); a database
                 # out of reach is 503 with Retry-After, as every other failure.
                 error = to_domain_error(exc)
-                status = error.http_status if error.code in _HTTP_STATUS_CODES else 200
+                status = http_status(error) if error.code in _HTTP_STATUS_CODES else 200
                 await refused_with(error, status_code=status)(scope, receive, send)
                 return
         try:
@@ -111,7 +112,7 @@ class GraphQLView(GraphQL[Context, None]):
             response = refused(400, exc.message, code=exc.code)
         except Exception as exc:  # the body limit (413), or a failure outside GraphQL
             error = to_domain_error(exc)  # logs what it masks
-            response = refused_with(error, status_code=error.http_status)
+            response = refused_with(error, status_code=http_status(error))
         await response(scope, receive, send)
 
     async def get_context(

@@ -35,8 +35,8 @@ from strawberry.subscriptions.protocols.graphql_ws import types as legacy_ws
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.unset import UnsetType
 
-from app.capacity.errors import DomainError, Unauthenticated
 from app.db.errors import to_domain_error
+from app.errors import DomainError, Unauthenticated
 from app.iam.callers import bearer_token_hash
 from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context

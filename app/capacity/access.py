@@ -11,17 +11,16 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.errors import Conflict, PermissionDenied, pool_not_found
 from app.capacity.reads import (
     Actor,
-    Executor,
-    effective_quotas,
     load_lineage,
-    offers_of,
-    visible_pool,
+    pool_not_found,
 )
-from app.capacity.views import PoolDetail, PoolView
+from app.capacity.views import PoolView
+from app.catalog import Method
+from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
+from app.errors import Conflict, PermissionDenied
 from app.iam.decisions import (
     PoolAttributes,
     allows_pool,
@@ -34,18 +33,17 @@ from app.iam.roles import CAPACITY_READ, POOLS_SHARE
 
 
 async def resolve_actor(
-    executor: Executor, principal: Principal, tenant_id: str, permission: str
+    executor: Executor, principal: Principal, tenant_id: str, method: Method
 ) -> Actor:
-    """For methods decided on the tenant (compute-tenant), e.g. list and create."""
-    decide_tenant(principal, tenant_id, permission)
-    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
-
-
-async def resolve_pool_actor(executor: Executor, principal: Principal, tenant_id: str) -> Actor:
-    """For methods decided on compute-pool: the tenant decision is only whether the caller
-    may act for the tenant. The permission is decided on the pool once it is visible, so a
-    pool the tenant cannot see is NOT_FOUND whatever the caller's role (CONTRACT 2)."""
-    decide_acting_for(principal, tenant_id)
+    """The tenant decision, as the method's catalog row says. A method on compute-tenant
+    (list, create, ...) needs its permission on the tenant. On compute-pool the tenant
+    decision is only whether the caller may act for the tenant: the permission is decided
+    on the pool once it is visible, so a pool the tenant cannot see is NOT_FOUND whatever
+    the caller's role (CONTRACT 2)."""
+    if method.resource_type == "compute-pool":
+        decide_acting_for(principal, tenant_id)
+    else:
+        decide_tenant(principal, tenant_id, method.permission)
     return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
 
 
@@ -134,15 +132,3 @@ def capacity_denied(principal: Principal, pool: PoolView) -> PermissionDenied | 
     if not sees_capacity(principal, pool):
         return PermissionDenied(f"{CAPACITY_READ} is not granted on this pool", field="capacity")
     return None
-
-
-async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDetail:
-    """The pool as the actor's tenant sees it: its own quota rows, offers for the owner."""
-    pool = await visible_pool(executor, actor, pool_id)
-    quotas = (await effective_quotas(executor, [pool]))[pool_id]
-    offers = (
-        (await offers_of(executor, [pool_id]))[pool_id]
-        if sees_offers(actor.principal, pool)
-        else None
-    )
-    return PoolDetail(pool, quotas, offers)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.capacity.access import resolve_pool_actor
+from app.capacity.access import resolve_actor
 from app.capacity.inputs import ExplainAccessInput
-from app.capacity.reads import Executor, visible_pool
+from app.capacity.reads import visible_pool
 from app.capacity.views import AccessExplanation, BindingView, Denial, GrantView, PoolView
+from app.catalog import EXPLAIN_ACCESS, GET_POOL
+from app.db.engine import Executor
 from app.db.models import Offer
 from app.iam.decisions import PoolAttributes, allows_pool
 from app.iam.principal import Principal
-from app.iam.roles import POOLS_MANAGE, POOLS_READ, POOLS_SHARE
+from app.iam.roles import POOLS_MANAGE, POOLS_SHARE
 
 # Decided for the pool's owner only: anyone else gets NOT_FOUND from the write (seed).
 OWNER_ONLY = frozenset({POOLS_MANAGE, POOLS_SHARE})
@@ -63,11 +65,11 @@ async def explain_access(
     executor: Executor, principal: Principal, inp: ExplainAccessInput
 ) -> AccessExplanation:
     # The tenant decision and visibility fail as `get` does: the same code, message, field.
-    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
+    actor = await resolve_actor(executor, principal, inp.tenant_id, EXPLAIN_ACCESS)
     pool = await visible_pool(executor, actor, inp.pool_id)
     denial = _first_denial(principal, inp.permission, pool, pool.grant.attributes)
     # The offer is pool data: shown to a caller that may read the pool, as `get` shows it.
-    readable = allows_pool(principal, POOLS_READ, pool.grant.attributes)
+    readable = allows_pool(principal, GET_POOL.permission, pool.grant.attributes)
     binding = BindingView(
         caller_id=principal.caller_id,
         tenant_id=principal.tenant_id,

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.errors import Conflict
 from app.db.models import IdempotencyRecord
+from app.errors import Conflict
 from app.ids import derived_id, new_id
 
 

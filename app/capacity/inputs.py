@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from app.capacity.bounds import MAX_RESOURCES
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
 POOL_ID_PATTERN = rf"pool_{ULID_TAIL}"
@@ -205,6 +205,20 @@ class ListQuotasInput(MethodInput):
 
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId | None = Field(default=None, alias="poolId")
+
+
+EventType = Literal[
+    "pool.created", "pool.offered", "pool.unoffered", "pool.updated", "pool.archived"
+]
+
+
+class PoolEventsInput(MethodInput):
+    """The `poolEvents` subscription; `after` is a cursor the domain decodes."""
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId | None = Field(default=None, alias="poolId")
+    types: Annotated[list[EventType], Field(max_length=5)] | None = None
+    after: Annotated[str, StringConstraints(max_length=64)] | None = None
 
 
 InputT = TypeVar("InputT", bound=MethodInput)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from app.capacity.errors import Conflict, InvalidInput, NotFound
+from app.errors import Conflict, InvalidInput, NotFound
 from app.iam.roles import FLEET_TENANT
 from app.ids import new_id
 

@@ -12,11 +12,12 @@ from sqlalchemy import and_, select
 
 from app.capacity.access import resolve_actor, sees_offers
 from app.capacity.inputs import LendingInput
-from app.capacity.reads import Actor, Executor, capacity_of, visible_pools
+from app.capacity.reads import Actor, capacity_of, visible_pools
 from app.capacity.views import CapacityView, LendingRowView, PoolView
+from app.catalog import LENDING
+from app.db.engine import Executor
 from app.db.models import Offer, Pool, QuotaRow
 from app.iam.principal import Principal
-from app.iam.roles import POOLS_SHARE
 
 # {pool_id: {resource: (sum of guest maxima, sum of guest used)}}
 GuestTotals = dict[str, dict[str, tuple[int, int]]]
@@ -89,7 +90,7 @@ async def lending(
 ) -> list[LendingRowView]:
     """Every capacity row of the tenant's live pools the caller may share, with what is lent,
     the most overcommitted first: the owner's whole fleet in one request."""
-    actor: Actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_SHARE)
+    actor: Actor = await resolve_actor(executor, principal, inp.tenant_id, LENDING)
     pools = [p for p in await visible_pools(executor, actor) if p.owned and not p.archived]
     pools = [p for p in pools if sees_offers(principal, p)]
     capacity = await lent_capacity(executor, principal, pools)

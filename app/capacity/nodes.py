@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.inventory import require_tenant
 from app.capacity.rollup import refresh_rollup
 from app.db.engine import Database
 from app.db.models import Node, Pool
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, InvalidState, NotFound
 from app.ids import new_id
 
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import check_version, lock_owned_pool, pool_detail, resolve_pool_actor
+from app.capacity.access import check_version, lock_owned_pool, resolve_actor
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
-from app.capacity.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
+from app.capacity.pool_reads import pool_detail
 from app.capacity.projection import remove_authz_row, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
+from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
-from app.iam.roles import POOLS_SHARE
 
 SHARED_GPU_MODES = ("timeslice", "mps")
 
@@ -123,8 +124,8 @@ async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) ->
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, OFFER_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, OFFER_POOL.permission)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
@@ -212,8 +213,8 @@ async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_SHARE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, UNOFFER_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, UNOFFER_POOL.permission)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)

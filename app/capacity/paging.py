@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from app.capacity.errors import InvalidInput
+from app.capacity.inputs import POOL_ID_PATTERN, RESERVATION_ID_PATTERN
+from app.errors import InvalidInput
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -55,3 +56,11 @@ def page_request(first: int | None, after: str | None, id_pattern: str) -> PageR
     if not 0 <= size <= MAX_PAGE_SIZE:
         raise InvalidInput(f"first must be 0 to {MAX_PAGE_SIZE}", field="first")
     return PageRequest(size, None if after is None else decode_cursor(after, id_pattern))
+
+
+def pools_page_request(first: int | None, after: str | None) -> PageRequest:
+    return page_request(first, after, POOL_ID_PATTERN)
+
+
+def reservations_page_request(first: int | None, after: str | None) -> PageRequest:
+    return page_request(first, after, RESERVATION_ID_PATTERN)

@@ -1,4 +1,4 @@
-"""Pool lifecycle: create, update, archive, and the reads (list, get, capacity)."""
+"""Pool lifecycle: create, update, archive (the reads are in pool_reads.py)."""
 
 from __future__ import annotations
 
@@ -7,39 +7,32 @@ from typing import Any
 from app.capacity.access import (
     check_version,
     lock_owned_pool,
-    pool_detail,
     resolve_actor,
-    resolve_pool_actor,
-    sees_offers,
 )
 from app.capacity.changes import Change, change, policy_changes
-from app.capacity.errors import InvalidInput, InvalidState, NotFound
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
-    CapacityInput,
     CreatePoolInput,
-    GetPoolInput,
-    ListPoolsInput,
     UpdatePoolInput,
 )
-from app.capacity.lending import lent_capacity
 from app.capacity.offers import offers_on, withdraw_offer
 from app.capacity.policy import PolicyContext, validate_policy
+from app.capacity.pool_reads import pool_detail
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
-    Executor,
-    effective_quotas,
     load_lineage,
-    offers_of,
-    visible_pool,
-    visible_pools,
 )
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
-from app.capacity.views import CapacityView, ImpactView, PoolDetail
+from app.capacity.views import ImpactView, PoolDetail
+from app.catalog import (
+    ARCHIVE_POOL,
+    CREATE_POOL,
+    UPDATE_POOL,
+)
 from app.db.models import (
     Offer,
     Pool,
@@ -49,47 +42,12 @@ from app.db.models import (
     utcnow,
 )
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput, InvalidState, NotFound
 from app.events.outbox import PendingEvent
-from app.iam.decisions import PoolAttributes, allows_pool, decide_pool
+from app.iam.decisions import PoolAttributes, decide_pool
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_CREATE, POOLS_MANAGE, POOLS_READ
 
 DEFAULT_OWNER_QUOTA = {"gpu": 2_147_483_647}
-
-
-# -- reads ---------------------------------------------------------------------------------
-
-
-async def list_pools(
-    executor: Executor, principal: Principal, inp: ListPoolsInput
-) -> list[PoolDetail]:
-    actor = await resolve_actor(executor, principal, inp.tenant_id, POOLS_READ)
-    pools = [
-        p
-        for p in await visible_pools(executor, actor)
-        if allows_pool(principal, POOLS_READ, p.grant.attributes)
-    ]
-    quotas = await effective_quotas(executor, pools)
-    offered = [p.id for p in pools if sees_offers(principal, p)]
-    offers = await offers_of(executor, offered) if offered else {}
-    return [PoolDetail(p, quotas[p.id], offers.get(p.id)) for p in pools]
-
-
-async def get_pool(executor: Executor, principal: Principal, inp: GetPoolInput) -> PoolDetail:
-    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
-    detail = await pool_detail(executor, actor, inp.pool_id)
-    decide_pool(principal, POOLS_READ, detail.pool.grant.attributes)
-    return detail
-
-
-async def pool_capacity(
-    executor: Executor, principal: Principal, inp: CapacityInput
-) -> tuple[CapacityView, ...]:
-    actor = await resolve_pool_actor(executor, principal, inp.tenant_id)
-    pool = await visible_pool(executor, actor, inp.pool_id)
-    decide_pool(principal, CAPACITY_READ, pool.grant.attributes)
-    # The owner (with share) also sees what it lent: offered, guestUsed, overcommit.
-    return (await lent_capacity(executor, principal, [pool]))[pool.id]
 
 
 # -- create --------------------------------------------------------------------------------
@@ -141,7 +99,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
         return await pool_detail(session, actor, pool_id)
 
-    actor = await resolve_actor(session, principal, inp.tenant_id, POOLS_CREATE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, CREATE_POOL)
     site = await session.get(Site, inp.site_id)
     if site is None or site.tenant_id != actor.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
@@ -157,7 +115,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     )
     attributes = PoolAttributes(inp.gpu_model, inp.pool_class, inp.sharing, site.region, True)
     # A narrowed binding may only create pools it could then manage.
-    decide_pool(principal, POOLS_CREATE, attributes)
+    decide_pool(principal, CREATE_POOL.permission, attributes)
 
     await call.remember(session)
     now = utcnow()
@@ -211,14 +169,14 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, UPDATE_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, UPDATE_POOL.permission)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
         # create requires of a new pool).
         moved = PoolAttributes(inp.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
-        decide_pool(principal, POOLS_MANAGE, moved)
+        decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     offers = await offers_on(session, pool.id)
@@ -270,8 +228,8 @@ async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
     session = uow.session
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, POOLS_MANAGE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, ARCHIVE_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, ARCHIVE_POOL.permission)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
@@ -299,14 +257,3 @@ async def archive_pool(
     )
     await session.flush()
     return await pool_detail(session, actor, pool.id)
-
-
-__all__ = [
-    "archive_pool",
-    "create_pool",
-    "get_pool",
-    "list_pools",
-    "pool_capacity",
-    "update_pool",
-    "visible_pool",
-]

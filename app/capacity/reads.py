@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, Select, and_, func, literal, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from app.capacity.errors import NotFound, pool_not_found
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
@@ -21,11 +19,16 @@ from app.capacity.views import (
     QuotaView,
     ReservationView,
 )
+from app.db.engine import Executor
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
+from app.errors import NotFound
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
 
-Executor = AsyncConnection | AsyncSession
+
+def pool_not_found(pool_id: str) -> NotFound:
+    """The one answer for a pool that is missing or hidden, so neither can be told apart."""
+    return NotFound(f"pool {pool_id} not found", field="poolId")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,17 +139,6 @@ async def visible_pools(
     pools = (await executor.execute(query)).all()
     grants = await load_grants(executor, actor, [p.id for p in pools])
     return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
-
-
-async def visible_pools_by_id(
-    executor: Executor, actor: Actor, pool_ids: Sequence[str]
-) -> dict[str, PoolView]:
-    """Many pools at once, as the actor sees them; ids it cannot see are simply absent."""
-    if not pool_ids:
-        return {}
-    pools = (await executor.execute(_visible_pools_query(actor).where(Pool.id.in_(pool_ids)))).all()
-    grants = await load_grants(executor, actor, [p.id for p in pools])
-    return {p.id: _pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants}
 
 
 async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:

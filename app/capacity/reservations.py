@@ -17,21 +17,22 @@ from typing import Any
 from sqlalchemy import CursorResult, Update, case, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import pool_attributes, resolve_actor, resolve_pool_actor
-from app.capacity.errors import InvalidState, NotFound, ResourceExhausted
+from app.capacity.access import pool_attributes, resolve_actor
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import (
     CreateReservationInput,
     ListReservationsInput,
     ReleaseReservationInput,
 )
-from app.capacity.reads import Executor, reservation_view, reservations_of, visible_pool
+from app.capacity.reads import reservation_view, reservations_of, visible_pool
 from app.capacity.views import ReservationView
+from app.catalog import CREATE_RESERVATION, LIST_RESERVATIONS, RELEASE_RESERVATION
+from app.db.engine import Executor
 from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import InvalidState, NotFound, ResourceExhausted
 from app.iam.decisions import allows_pool, decide_pool
 from app.iam.principal import Principal
-from app.iam.roles import RESERVATIONS_READ, RESERVATIONS_WRITE
 
 
 def _rowcount(result: Any) -> int:
@@ -178,9 +179,9 @@ async def create_reservation(
         return reservation_view(await session.get_one(Reservation, call.resource_id))
 
     # Decided on the pool: an invisible pool is NOT_FOUND whatever the caller's role.
-    actor = await resolve_pool_actor(session, principal, inp.tenant_id)
+    actor = await resolve_actor(session, principal, inp.tenant_id, CREATE_RESERVATION)
     pool = await visible_pool(session, actor, inp.pool_id)
-    decide_pool(principal, RESERVATIONS_WRITE, pool.grant.attributes)
+    decide_pool(principal, CREATE_RESERVATION.permission, pool.grant.attributes)
     if pool.archived:
         raise _archived(pool.id)
     await call.remember(session)
@@ -213,7 +214,7 @@ async def release_reservation(
 ) -> ReservationView:
     """Ends a booking; releasing twice is a no-op. Works after an unoffer or archive too."""
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, RESERVATIONS_WRITE)
+    actor = await resolve_actor(session, principal, inp.tenant_id, RELEASE_RESERVATION)
     rsv = (
         await session.execute(
             select(Reservation)
@@ -226,7 +227,7 @@ async def release_reservation(
     # The binding decides on the pool as for a booking, even once the pool is no longer
     # offered (the reservation outlives the authz row).
     attributes = await pool_attributes(session, actor.tenant_id, [rsv.pool_id])
-    decide_pool(principal, RESERVATIONS_WRITE, attributes[rsv.pool_id])
+    decide_pool(principal, RELEASE_RESERVATION.permission, attributes[rsv.pool_id])
     if rsv.state == "active":
         rsv.state = "ended"
         rsv.ended_at = utcnow()
@@ -240,10 +241,10 @@ async def list_reservations(
 ) -> list[ReservationView]:
     """One pool's (NOT_FOUND as get, PERMISSION_DENIED outside the binding), or those of
     every pool the binding allows."""
-    actor = await resolve_actor(executor, principal, inp.tenant_id, RESERVATIONS_READ)
+    actor = await resolve_actor(executor, principal, inp.tenant_id, LIST_RESERVATIONS)
     if inp.pool_id is not None:
         pool = await visible_pool(executor, actor, inp.pool_id)
-        decide_pool(principal, RESERVATIONS_READ, pool.grant.attributes)
+        decide_pool(principal, LIST_RESERVATIONS.permission, pool.grant.attributes)
         return await reservations_of(executor, actor.tenant_id, [pool.id])
     found = await reservations_of(executor, actor.tenant_id)
     if not principal.conditions:
@@ -252,6 +253,6 @@ async def list_reservations(
     allowed = {
         pool_id
         for pool_id, pool in attributes.items()
-        if allows_pool(principal, RESERVATIONS_READ, pool)
+        if allows_pool(principal, LIST_RESERVATIONS.permission, pool)
     }
     return [r for r in found if r.pool_id in allowed]

@@ -1,18 +1,20 @@
 """The capacity domain's one entry point. Every transport (REST, GraphQL, CLI) calls this.
 
-Reads run on a read connection; each write runs in exactly one unit of work.
+Reads run on a read connection of their own, or on the caller's read scope (`reads=`: a
+GraphQL request's one connection); each write runs in exactly one unit of work.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import explain, lending, offers, pools, reservations
+from app.capacity import explain, lending, offers, pool_events, pool_reads, pools, reservations
+from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -22,31 +24,48 @@ from app.capacity.inputs import (
     GetPoolInput,
     LendingInput,
     ListPoolsInput,
+    ListQuotasInput,
     ListReservationsInput,
     OfferPoolInput,
+    PoolEventsInput,
     ReleaseReservationInput,
     UnofferPoolInput,
     UpdatePoolInput,
 )
+from app.capacity.paging import Page, PageRequest
 from app.capacity.views import (
+    DETAIL_PARTS,
     AccessExplanation,
     CapacityView,
+    Grant,
     ImpactView,
     LendingRowView,
     PoolDetail,
+    PoolPart,
+    QuotaView,
     ReservationView,
 )
 from app.db.engine import Database
+from app.db.read_scope import ReadScope
 from app.db.uow import Notify, UnitOfWork
+from app.errors import PermissionDenied
+from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
 
 T = TypeVar("T")
 
 
 class Capacity:
-    def __init__(self, db: Database, notify: Notify | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        notify: Notify | None = None,
+        *,
+        relay: Relay[PoolEventFilter] | None = None,
+    ) -> None:
         self.db = db
         self._notify = notify
+        self._relay = relay  # this process's event relay; only a server has one
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)
@@ -55,6 +74,18 @@ class Capacity:
     async def reading(self) -> AsyncIterator[AsyncConnection]:
         async with self.db.reader.connect() as conn:
             yield conn
+
+    def read_scope(self) -> ReadScope:
+        """One read connection for many reads (a GraphQL request's); close it when done."""
+        return ReadScope(self.db)
+
+    async def _read(
+        self, reads: ReadScope | None, work: Callable[[AsyncConnection], Awaitable[T]]
+    ) -> T:
+        if reads is not None:
+            return await reads.run(work)
+        async with self.reading() as conn:
+            return await work(conn)
 
     async def _write(self, work: Callable[[UnitOfWork], Awaitable[T]], *, retry: bool) -> T:
         """Run `work` in one unit of work. With an idempotency key, a concurrent twin that
@@ -71,17 +102,62 @@ class Capacity:
 
     # -- pools ---------------------------------------------------------------------------
 
-    async def list_pools(self, principal: Principal, inp: ListPoolsInput) -> list[PoolDetail]:
-        async with self.reading() as conn:
-            return await pools.list_pools(conn, principal, inp)
+    async def list_pools(
+        self,
+        principal: Principal,
+        inp: ListPoolsInput,
+        *,
+        page: PageRequest | None = None,
+        parts: frozenset[PoolPart] = DETAIL_PARTS,
+        reads: ReadScope | None = None,
+    ) -> Page[PoolDetail]:
+        """Every pool the tenant may read, or one keyset page of them, with `parts`."""
+        return await self._read(
+            reads, lambda conn: pool_reads.list_pools(conn, principal, inp, parts, page)
+        )
 
-    async def get_pool(self, principal: Principal, inp: GetPoolInput) -> PoolDetail:
-        async with self.reading() as conn:
-            return await pools.get_pool(conn, principal, inp)
+    async def get_pool(
+        self,
+        principal: Principal,
+        inp: GetPoolInput,
+        *,
+        parts: frozenset[PoolPart] = DETAIL_PARTS,
+        reads: ReadScope | None = None,
+    ) -> PoolDetail:
+        return await self._read(
+            reads, lambda conn: pool_reads.get_pool(conn, principal, inp, parts)
+        )
 
-    async def capacity(self, principal: Principal, inp: CapacityInput) -> tuple[CapacityView, ...]:
-        async with self.reading() as conn:
-            return await pools.pool_capacity(conn, principal, inp)
+    async def pool_parts(
+        self,
+        principal: Principal,
+        detail: PoolDetail,
+        parts: frozenset[PoolPart],
+        *,
+        reads: ReadScope | None = None,
+    ) -> PoolDetail:
+        """A pool a write returned, with `parts` read now (its quota rows kept)."""
+
+        async def work(conn: AsyncConnection) -> PoolDetail:
+            quotas = {detail.pool.id: detail.quotas}
+            found = await pool_reads.read_parts(
+                conn, principal, [detail.pool], parts, quotas=quotas
+            )
+            return found[0]
+
+        return await self._read(reads, work)
+
+    async def capacity(
+        self, principal: Principal, inp: CapacityInput, *, reads: ReadScope | None = None
+    ) -> tuple[CapacityView, ...]:
+        return await self._read(
+            reads, lambda conn: pool_reads.pool_capacity(conn, principal, inp)
+        )
+
+    async def list_quotas(
+        self, principal: Principal, inp: ListQuotasInput, *, reads: ReadScope | None = None
+    ) -> list[QuotaView]:
+        return await self._read(reads, lambda conn: pool_reads.list_quotas(conn, principal, inp))
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(
@@ -104,14 +180,16 @@ class Capacity:
         return await self._write(lambda uow: pools.archive_pool(uow, principal, inp), retry=False)
 
     async def explain_access(
-        self, principal: Principal, inp: ExplainAccessInput
+        self, principal: Principal, inp: ExplainAccessInput, *, reads: ReadScope | None = None
     ) -> AccessExplanation:
-        async with self.reading() as conn:
-            return await explain.explain_access(conn, principal, inp)
+        return await self._read(
+            reads, lambda conn: explain.explain_access(conn, principal, inp)
+        )
 
-    async def lending(self, principal: Principal, inp: LendingInput) -> list[LendingRowView]:
-        async with self.reading() as conn:
-            return await lending.lending(conn, principal, inp)
+    async def lending(
+        self, principal: Principal, inp: LendingInput, *, reads: ReadScope | None = None
+    ) -> list[LendingRowView]:
+        return await self._read(reads, lambda conn: lending.lending(conn, principal, inp))
 
     # -- reservations --------------------------------------------------------------------
 
@@ -135,3 +213,28 @@ class Capacity:
     ) -> list[ReservationView]:
         async with self.reading() as conn:
             return await reservations.list_reservations(conn, principal, inp)
+
+    async def reservation_pages(
+        self,
+        principal: Principal,
+        tenant_id: str,
+        pools: Sequence[tuple[str, Grant]],
+        page: PageRequest,
+        *,
+        reads: ReadScope | None = None,
+    ) -> dict[str, Page[ReservationView] | PermissionDenied]:
+        """One page of the tenant's reservations in each of many pools it sees (GraphQL's
+        `Pool.reservations`, batched)."""
+        return await self._read(
+            reads,
+            lambda conn: pool_reads.reservation_pages(conn, principal, tenant_id, pools, page),
+        )
+
+    # -- events --------------------------------------------------------------------------
+
+    async def open_pool_events(
+        self, principal: Principal, inp: PoolEventsInput
+    ) -> Subscription[PoolEventFilter]:
+        if self._relay is None:
+            raise RuntimeError("pool events need a server's relay (Capacity(relay=...))")
+        return await pool_events.open_pool_events(self._relay, self.db, principal, inp)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
+from app.errors import PermissionDenied
 from app.iam.decisions import PoolAttributes
 
 
@@ -61,7 +62,7 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
-    """A pool as one tenant sees it; nested data comes from the batch loaders."""
+    """A pool as one tenant sees it; its nested parts are loaded for many pools at once."""
 
     id: str
     tenant_id: str
@@ -81,13 +82,28 @@ class PoolView:
     grant: Grant
 
 
+# The parts of a pool a read may ask for, beyond the pool itself.
+PoolPart = Literal["quotas", "capacity", "offers", "lending"]
+POOL_PARTS: frozenset[PoolPart] = frozenset(get_args(PoolPart))
+# What REST shows of a pool, and what every write returns.
+DETAIL_PARTS: frozenset[PoolPart] = frozenset({"quotas", "offers"})
+
+
 @dataclass(frozen=True, slots=True)
 class PoolDetail:
-    """A pool with the acting tenant's quota rows and, for the owner with share, the offers."""
+    """A pool as one caller acting for one tenant reads it, with the parts the read asked
+    for (pool_reads.py): REST and every write ask for quotas and offers, GraphQL for what
+    its query selects. A part not asked for is empty (quotas) or None; offers and lending
+    are None on a pool the tenant does not own (nothing to show). A part the caller may
+    not read holds the PermissionDenied that withholds it: REST shows null, GraphQL null
+    with that error."""
 
     pool: PoolView
     quotas: tuple[QuotaView, ...]
-    offers: tuple[OfferView, ...] | None
+    offers: tuple[OfferView, ...] | PermissionDenied | None
+    capacity: tuple[CapacityView, ...] | PermissionDenied | None = None
+    # The owner's offers to guests (its own left out): the lender's view of `Pool.lending`.
+    lending: tuple[OfferView, ...] | PermissionDenied | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,13 @@ from uuid import uuid4
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from app.config import Settings
 from app.db.embedded import busy_timeout_ms, connection_pragmas
+
+# What a read runs on: a connection, or a unit of work's session.
+Executor = AsyncConnection | AsyncSession
 
 # asyncpg's own statement bound sits above the server's statement_timeout, so a slow
 # statement is cancelled by the server (the connection stays usable) and the client's
@@ -92,13 +95,22 @@ class Database:
             await self.reader.dispose()
 
 
-def _configure_sqlite(engine: AsyncEngine, begin: str, busy_timeout: int) -> None:
+def configure_sqlite(
+    engine: AsyncEngine, begin: str, busy_timeout: int, *, server: bool = True
+) -> None:
+    """Every connection gets a server's pragmas (app/db/embedded.py, the same the stdlib
+    writer uses) or, for migrations, only the busy timeout; every transaction starts with
+    `begin` (BEGIN IMMEDIATE takes the write lock up front, waiting for it if busy)."""
+    pragmas = (
+        connection_pragmas(busy_timeout) if server else (f"PRAGMA busy_timeout={busy_timeout}",)
+    )
+
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's BEGIN below, not the driver, open transactions.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in connection_pragmas(busy_timeout):
+        for pragma in pragmas:
             cursor.execute(pragma)
         cursor.close()
 
@@ -131,8 +143,8 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             hide_parameters=True,
         )
         busy_timeout = busy_timeout_ms(s.db_statement_timeout_s)
-        _configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout)
-        _configure_sqlite(reader, "BEGIN", busy_timeout)
+        configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout)
+        configure_sqlite(reader, "BEGIN", busy_timeout)
         return Database(url, writer, reader)
     target, pgbouncer = behind_pgbouncer(url)
     statement_timeout = str(max(1, round(s.db_statement_timeout_s * 1000)))

@@ -10,7 +10,7 @@ from typing import Final
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.capacity.errors import DomainError, Internal, Unavailable
+from app.errors import DomainError, Internal, Unavailable
 
 log = logging.getLogger("app.errors")
 

@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 from weakref import WeakKeyDictionary
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 import migrations
-from app.db.engine import behind_pgbouncer, pgbouncer_connect_args
+from app.db.engine import behind_pgbouncer, configure_sqlite, pgbouncer_connect_args
 
 # Held for the migrating transaction (pg_advisory_xact_lock); any constant works,
 # it only has to be the same in every process of the service.
@@ -64,18 +63,7 @@ def migration_engine(url: str) -> AsyncEngine:
     connect_args = pgbouncer_connect_args() if pgbouncer else {}
     engine = create_async_engine(target, poolclass=NullPool, connect_args=connect_args)
     if engine.dialect.name == "sqlite":
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        @event.listens_for(engine.sync_engine, "begin")
-        def _on_begin(connection: Any) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-
+        configure_sqlite(engine, "BEGIN IMMEDIATE", 30_000, server=False)
     return engine
 
 

@@ -29,6 +29,7 @@ from broadcaster import Broadcast
 
 from app import metrics
 from app.events.redis_wakeups import RedisWakeups
+from app.events.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,7 @@ class EventBus:
             log.warning("event broker %s unreachable; retrying in the background", self._where)
 
     async def disconnect(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def notify(self, seq: int) -> None:

@@ -10,7 +10,7 @@ import base64
 import binascii
 from typing import Final
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 _PREFIX: Final = "ev1:"
 _MAX_LENGTH: Final = 64

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import delete, exists, func, select
 
-from app.capacity.reads import Executor
+from app.db.engine import Executor
 from app.db.models import Event, EventAudience
 from app.events.cursor import encode_cursor
 

@@ -12,6 +12,9 @@ out to this process's subscriptions.
   and `on_evict` lets the transport close the connection, so the client resumes from
   its last cursor.
 
+Who may read each event, and what of it, is the domain's rule: the relay is given it as
+`visibility` (app/events/delivery.py) and asks it once per batch it reads.
+
 Exactly once, in order: a subscription delivers only seqs above the last one it
 delivered, and it switches from the outbox to its mailbox only once it has read the
 outbox up to the relay's cursor, so every later seq reaches its mailbox.
@@ -25,11 +28,13 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime, timedelta
+from typing import Generic
 
 from app import metrics
-from app.capacity.errors import InvalidInput, InvalidState
 from app.config import Settings
 from app.db.engine import Database
+from app.errors import InvalidInput, InvalidState
+from app.events.delivery import F, ShownEvents, Visibility
 from app.events.reader import (
     Bounds,
     OutboxEvent,
@@ -37,7 +42,7 @@ from app.events.reader import (
     prune_events,
     read_events,
 )
-from app.events.visibility import EventFilter, World, load_world, readable_event
+from app.events.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +119,10 @@ class Mailbox:
             self._waiter.set_result(None)
 
 
-class Subscription:
+class Subscription(Generic[F]):
     """One subscriber's stream: from the outbox until level with the relay, then live."""
 
-    def __init__(self, relay: Relay, event_filter: EventFilter, start: int) -> None:
+    def __init__(self, relay: Relay[F], event_filter: F, start: int) -> None:
         self.filter = event_filter
         self.last_seq = start  # everything up to here is delivered or not for us
         self.live = False
@@ -179,10 +184,11 @@ class Subscription:
             self._task.cancel()
 
 
-class Relay:
+class Relay(Generic[F]):
     def __init__(
         self,
         db: Database,
+        visibility: Visibility[F],
         *,
         queue_size: int = 1000,
         poll_interval_s: float = 2.0,
@@ -193,6 +199,7 @@ class Relay:
         self.queue_size = queue_size
         self.cursor = 0  # every event up to here has been offered to the subscriptions
         self.db = db
+        self._visibility = visibility
         # The relay's reads, one wake-up at a time: on PostgreSQL without a transaction
         # (each statement sees what had committed when it ran, as under READ COMMITTED
         # in one), which saves a BEGIN and a ROLLBACK round trip per wake-up. Not behind
@@ -208,8 +215,8 @@ class Relay:
         self._retention_s = retention_s
         self._batch_size = batch_size
         self._wanted = asyncio.Event()
-        self._subscriptions: set[Subscription] = set()
-        self._by_tenant: dict[str, set[Subscription]] = defaultdict(set)
+        self._subscriptions: set[Subscription[F]] = set()
+        self._by_tenant: dict[str, set[Subscription[F]]] = defaultdict(set)
         self._tasks: list[asyncio.Task[None]] = []
         self._cursor_ready = False
         self._cursor_lock = asyncio.Lock()
@@ -237,11 +244,7 @@ class Relay:
             self._tasks.append(asyncio.create_task(self._prune_loop(), name="event-pruner"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     def wake(self, seq: int | None) -> None:
@@ -270,7 +273,7 @@ class Relay:
             self.newest_known = max(self.newest_known, self.cursor)
             self._cursor_ready = True
 
-    async def open(self, event_filter: EventFilter, after: int | None) -> Subscription:
+    async def open(self, event_filter: F, after: int | None) -> Subscription[F]:
         """A subscription starting now, or right after the `after` seq."""
         await self._ensure_cursor()
         async with self.db.reader.connect() as conn:
@@ -283,23 +286,25 @@ class Relay:
             raise cursor_expired()
         return Subscription(self, event_filter, after)
 
-    def attach(self, subscription: Subscription) -> None:
+    def attach(self, subscription: Subscription[F]) -> None:
         self._subscriptions.add(subscription)
         metrics.SUBSCRIPTIONS.set(len(self._subscriptions))
-        for tenant in subscription.filter.actor.lineage:
+        for tenant in subscription.filter.tenants:
             self._by_tenant[tenant].add(subscription)
 
-    def detach(self, subscription: Subscription) -> None:
+    def detach(self, subscription: Subscription[F]) -> None:
         self._subscriptions.discard(subscription)
         metrics.SUBSCRIPTIONS.set(len(self._subscriptions))
-        for tenant in subscription.filter.actor.lineage:
+        for tenant in subscription.filter.tenants:
             members = self._by_tenant.get(tenant)
             if members is not None:
                 members.discard(subscription)
                 if not members:
                     del self._by_tenant[tenant]
 
-    async def replay_page(self, subscription: Subscription) -> tuple[list[OutboxEvent], int, bool]:
+    async def replay_page(
+        self, subscription: Subscription[F]
+    ) -> tuple[list[OutboxEvent], int, bool]:
         """The subscription's next page from the outbox: (its events, the seq read up to,
         whether that is the newest committed seq)."""
         flt = subscription.filter
@@ -312,7 +317,7 @@ class Relay:
                 subscription.last_seq,
                 upto=bounds.newest,
                 limit=self._batch_size,
-                tenants=flt.actor.lineage,
+                tenants=flt.tenants,
                 pool_id=flt.pool_id,
                 types=flt.types,
             )
@@ -322,10 +327,10 @@ class Relay:
             # nothing the read needed was gone.
             if _expired(await outbox_bounds(conn), subscription.last_seq):
                 raise cursor_expired()
-            world = await load_world(conn, {e.pool_id for e in events})
+            shown_events = await self._visibility.load(conn, events)
         complete = len(events) < self._batch_size
         covered = bounds.newest if complete else events[-1].seq
-        shown = [readable_event(e, flt, world) for e in events]
+        shown = [shown_events.readable(e, flt) for e in events]
         return [e for e in shown if e is not None], covered, complete
 
     # -- the loops ------------------------------------------------------------------------
@@ -349,8 +354,8 @@ class Relay:
                 if not events:
                     self._caught_up()
                     return
-                world = await load_world(conn, {e.pool_id for e in events})
-            self._fan_out(events, world)
+                shown_events = await self._visibility.load(conn, events)
+            self._fan_out(events, shown_events)
             self.cursor = events[-1].seq
             if len(events) < self._batch_size:
                 self._caught_up()
@@ -361,18 +366,18 @@ class Relay:
         self.caught_up_at = asyncio.get_running_loop().time()
         metrics.OUTBOX_LAG.set(self.lag)
 
-    def _fan_out(self, events: Collection[OutboxEvent], world: World) -> None:
+    def _fan_out(self, events: Collection[OutboxEvent], shown_events: ShownEvents[F]) -> None:
         for event in events:
             metrics.relay_delivered(event.occurred_at.timestamp())
             for subscription in self._audience_subscriptions(event):
                 if not subscription.live:
                     continue
                 # Each subscription gets the event as its caller may read it.
-                shown = readable_event(event, subscription.filter, world)
+                shown = shown_events.readable(event, subscription.filter)
                 if shown is not None:
                     subscription.offer(shown)
 
-    def _audience_subscriptions(self, event: OutboxEvent) -> Collection[Subscription]:
+    def _audience_subscriptions(self, event: OutboxEvent) -> Collection[Subscription[F]]:
         """Subscriptions whose tenant, or one of its ancestors, is in the audience."""
         found = [self._by_tenant.get(tenant) for tenant in event.audience]
         groups = [g for g in found if g]
@@ -408,9 +413,10 @@ class Relay:
             await asyncio.sleep(min(60.0, max(1.0, self._retention_s / 10)))
 
 
-def relay_for(db: Database, settings: Settings) -> Relay:
+def relay_for(db: Database, settings: Settings, visibility: Visibility[F]) -> Relay[F]:
     return Relay(
         db,
+        visibility,
         queue_size=settings.subscriber_queue_size,
         poll_interval_s=settings.event_poll_interval_s,
         stall_timeout_s=settings.subscriber_stall_timeout_s,

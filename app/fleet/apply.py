@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import select
 
 from app.capacity import offers, pools
-from app.capacity.errors import Conflict, DomainError, InvalidInput, InvalidState, NotFound
 from app.capacity.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
@@ -40,6 +39,7 @@ from app.db.models import (
     Tenant,
 )
 from app.db.uow import Notify, UnitOfWork
+from app.errors import Conflict, DomainError, InvalidInput, InvalidState, NotFound
 from app.fleet.schema import FleetFile, OfferEntry, PoolEntry
 from app.iam.callers import rebind_caller
 from app.iam.issuing import add_caller

@@ -21,7 +21,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from app.capacity.errors import InvalidInput
 from app.capacity.inputs import (
     MAX_AMOUNT,
     Agent,
@@ -31,6 +30,7 @@ from app.capacity.inputs import (
     Sharing,
     TenantId,
 )
+from app.errors import InvalidInput
 
 # Letters, digits and ._:- like a tenant id, plus `_` so an id (`site_…`) is a valid name.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]

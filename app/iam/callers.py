@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from app.capacity.errors import NotFound, Unauthenticated
 from app.db.engine import Database
 from app.db.models import ApiToken, Caller, RoleBinding, utcnow
 from app.db.uow import UnitOfWork
+from app.errors import NotFound, Unauthenticated
 from app.iam.issuing import add_caller, add_token, check_binding
 from app.iam.principal import Principal
 from app.ids import token_hash

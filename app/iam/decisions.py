@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.capacity.errors import PermissionDenied
+from app.errors import PermissionDenied
 from app.iam.principal import Principal
 
 
@@ -55,6 +55,16 @@ def allows_pool(principal: Principal, permission: str, attributes: PoolAttribute
     return principal.has(permission) and binding_matches(principal, attributes)
 
 
+def pool_denial(
+    principal: Principal, permission: str, attributes: PoolAttributes
+) -> PermissionDenied | None:
+    """The error that withholds the pool, or None when the permission is granted on it."""
+    if allows_pool(principal, permission, attributes):
+        return None
+    return PermissionDenied(f"{permission} is not granted on this pool")
+
+
 def decide_pool(principal: Principal, permission: str, attributes: PoolAttributes) -> None:
-    if not allows_pool(principal, permission, attributes):
-        raise PermissionDenied(f"{permission} is not granted on this pool")
+    denied = pool_denial(principal, permission, attributes)
+    if denied is not None:
+        raise denied

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.capacity.errors import InvalidInput, NotFound
+from app.errors import InvalidInput, NotFound
 from app.iam.roles import BINDING_ATTRIBUTES, FLEET_ADMIN, FLEET_TENANT, ROLE_PERMISSIONS
 from app.ids import new_id, new_token, token_hash
 

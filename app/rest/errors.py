@@ -6,10 +6,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.capacity.errors import DomainError, InvalidInput, NotFound
 from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.errors import DomainError, InvalidInput, NotFound
+from app.http.responses import JSONResponse
+from app.http.status import http_status
 from app.observe import record_code
-from app.rest.responses import JSONResponse
 
 
 def error_body(error: DomainError) -> dict[str, object]:
@@ -24,7 +25,7 @@ def error_response(exc: BaseException) -> Response:
         headers = {"www-authenticate": "Bearer"}
     elif error.code == "UNAVAILABLE":
         headers = {"retry-after": str(RETRY_AFTER_S)}
-    return JSONResponse(error_body(error), status_code=error.http_status, headers=headers)
+    return JSONResponse(error_body(error), status_code=http_status(error), headers=headers)
 
 
 async def http_error(_: Request, exc: Exception) -> Response:

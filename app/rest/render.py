@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from app.capacity.paging import Page
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -76,7 +77,10 @@ def pool_json(detail: PoolDetail) -> dict[str, Any]:
         "archived": p.archived,
         "version": p.version,
         "quotas": [own_quota_json(q) for q in detail.quotas],
-        "offers": None if detail.offers is None else [offer_json(o) for o in detail.offers],
+        # Withheld (no compute:pools:share) or not the owner's: null, as CONTRACT 4 shows it.
+        "offers": [offer_json(o) for o in detail.offers]
+        if isinstance(detail.offers, tuple)
+        else None,
         "createdAt": timestamp(p.created_at),
         "updatedAt": timestamp(p.updated_at),
     }
@@ -137,6 +141,8 @@ def render(result: object) -> Any:
     """Any method's result, by its type."""
     if isinstance(result, PoolDetail):
         return pool_json(result)
+    if isinstance(result, Page):  # `list`: every pool, one page
+        return [render(item) for item in result.items]
     if isinstance(result, CapacityView):
         return capacity_json(result)
     if isinstance(result, ReservationView):

@@ -9,17 +9,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.capacity.errors import InvalidInput
 from app.capacity.inputs import parse_input
 from app.capacity.service import Capacity
 from app.capacity.views import ImpactView
 from app.catalog import METHODS, POOL_METHODS, Method
+from app.errors import InvalidInput
+from app.http.responses import JSONResponse
 from app.iam.callers import authenticate
 from app.observe import request_info
 from app.rest.errors import error_response
 from app.rest.openapi import openapi_document
 from app.rest.render import render
-from app.rest.responses import JSONResponse
 
 
 def _endpoint(method: Method) -> Any:

@@ -11,7 +11,7 @@ import strawberry
 from strawberry.scalars import JSON
 from strawberry.utils.str_converters import to_camel_case
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 from schema.scalars import Long
 from schema.types.enums import Agent, PoolClass, Sharing
 

@@ -9,9 +9,9 @@ from typing import Annotated, cast
 import strawberry
 from strawberry.scalars import JSON
 
-from app.capacity.errors import DomainError
-from app.capacity.listing import check_reservations, reservations_page_request
+from app.capacity.paging import reservations_page_request
 from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
+from app.errors import DomainError
 from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
@@ -20,11 +20,11 @@ from schema.types.offer import Offer
 from schema.types.quota import Quota
 from schema.types.reservation import ReservationConnection
 
-# Nested lists are loaded for a whole page at once (schema/pool_nodes.py) and stored on
-# each Pool, so every field here but `reservations` is a plain attribute: no resolver,
-# no future, no per-field hook inside large lists. A field its caller may not see holds
-# the domain error instead; graphql-core raises it at that field, which resolves to null
-# with its own error while the rest of the query answers.
+# Nested lists are read by the domain for a whole page at once (Capacity.list_pools) and
+# stored on each Pool, so every field here but `reservations` is a plain attribute: no
+# resolver, no future, no per-field hook inside large lists. A field its caller may not
+# see holds the domain's error instead; graphql-core raises it at that field, which
+# resolves to null with its own error while the rest of the query answers.
 Denied = DomainError
 
 
@@ -100,13 +100,13 @@ class Pool:
             str | None, strawberry.argument(description="The endCursor of the previous page.")
         ] = None,
     ) -> ReservationConnection:
-        ctx = info.context
         page = reservations_page_request(first, after)
-        check_reservations(await ctx.principal(), self.view)
         # The acting tenant: the one the pool was read for (`owned` etc. are its view).
-        loaded = await ctx.loaders.reservations.load(
-            (self.view_tenant, self.view.id, page.first, page.after)
+        loaded = await info.context.loaders.reservations.load(
+            (self.view_tenant, self.view.id, self.view.grant, page.first, page.after)
         )
+        if isinstance(loaded, Denied):
+            raise loaded
         return ReservationConnection.from_page(loaded)
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from app.capacity.errors import InvalidInput
 from app.capacity.policy import (
     PolicyContext,
     PolicyRegistry,
@@ -21,6 +20,7 @@ from app.capacity.policy import (
     single_tenant,
     validate_policy,
 )
+from app.errors import InvalidInput
 
 CUSTOM = PolicyContext(pool_class="metal-host", sharing="exclusive", site_kind="custom")
 PLATFORM = PolicyContext(pool_class="metal-host", sharing="exclusive", site_kind="platform")

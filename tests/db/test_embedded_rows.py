@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from app.capacity.errors import InvalidInput
 from app.capacity.inventory import add_provider_account, add_site, add_tenant
 from app.db.embedded import sqlite_file
 from app.db.embedded_rows import stored_datetime, write_embedded
@@ -23,6 +22,7 @@ from app.db.engine import Database
 from app.db.inventory_rows import InventoryRows
 from app.db.models import ApiToken, Caller, RoleBinding, Site, Tenant
 from app.db.uow import UnitOfWork
+from app.errors import InvalidInput
 from app.iam.callers import authenticate
 from app.iam.issuing import add_caller, add_token
 from app.ids import token_hash

@@ -9,11 +9,11 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from app.capacity.inputs import PoolEventsInput, parse_input
 from app.capacity.service import Capacity
 from app.events.outbox import PendingEvent
 from app.events.reader import OutboxEvent, outbox_bounds
 from app.events.relay import Relay, Subscription
-from app.events.subscribe import open_pool_events
 from app.iam.callers import authenticate
 
 
@@ -64,9 +64,8 @@ async def subscribe(
     """A `poolEvents` subscription opened as the transports open it, being read."""
     capacity: Capacity = app.state.capacity
     principal = await authenticate(capacity.db, f"Bearer {token}")
-    subscription = await open_pool_events(
-        app.state.relay, principal, {"tenantId": tenant_id, **arguments}
-    )
+    payload = {"tenantId": tenant_id, **{k: v for k, v in arguments.items() if v is not None}}
+    subscription = await capacity.open_pool_events(principal, parse_input(PoolEventsInput, payload))
     return Collector(subscription, delay_s=delay_s)
 
 

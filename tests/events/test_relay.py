@@ -9,8 +9,8 @@ import time
 import pytest
 from starlette.applications import Starlette
 
-from app.capacity.errors import DomainError, InvalidInput, InvalidState, PermissionDenied
 from app.capacity.service import Capacity
+from app.errors import DomainError, InvalidInput, InvalidState, PermissionDenied
 from app.events.cursor import encode_cursor
 from app.events.reader import outbox_bounds
 from app.events.relay import Relay

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from app.capacity.errors import InvalidState
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.db.models import Event
+from app.errors import InvalidState
 from app.events.cursor import encode_cursor
 from app.events.reader import outbox_bounds, prune_events
 from tests.events.conftest import AppFactory

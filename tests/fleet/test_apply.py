@@ -10,12 +10,12 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from app.capacity.errors import Conflict, InvalidInput, NotFound
 from app.capacity.inputs import CreatePoolInput, OfferPoolInput, parse_input
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.db.models import Event, FleetName, Pool, RoleBinding, Tenant
 from app.demo import DEMO_FLEET
+from app.errors import Conflict, InvalidInput, NotFound
 from app.fleet.apply import OPERATOR, apply_fleet
 from app.fleet.export import export_fleet
 from app.fleet.schema import parse_fleet, read_fleet

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 # Object keys that read unambiguously after a dot; anything else is bracketed.
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")

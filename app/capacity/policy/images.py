@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 from .checks import echo, expect_list, expect_str, expect_unique, item
 from .registry import PolicyContext, policy_key

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 from .checks import (
     child,

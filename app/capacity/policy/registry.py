@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from app.capacity.errors import InvalidInput
+from app.errors import InvalidInput
 
 from .checks import child, expect_bool, json_type
 

@@ -1,4 +1,5 @@
 """Who receives an event, and what of it: one rule for live delivery and for replay.
+The relay (app/events/relay.py) asks it through `POOL_EVENTS` for each batch it reads.
 
 An event's audience (written in the event's own transaction, CONTRACT section 7) is
 exactly the set of tenants entitled to it when it committed: the owner, the tenant an
@@ -26,18 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
 from app.capacity.access import reads_offers
-from app.capacity.reads import Actor, Executor
+from app.capacity.reads import Actor
 from app.capacity.views import Grant
+from app.catalog import LIST_POOLS
+from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.events.reader import OutboxEvent
 from app.iam.decisions import PoolAttributes, allows_pool
-from app.iam.roles import POOLS_READ
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,9 @@ class World:
         self._grants[key] = grant
         return grant
 
+    def readable(self, event: OutboxEvent, subscription: PoolEventFilter) -> OutboxEvent | None:
+        return readable_event(event, subscription, self)
+
 
 async def load_world(executor: Executor, pool_ids: Collection[str]) -> World:
     ids = sorted(set(pool_ids))
@@ -136,13 +141,27 @@ async def load_world(executor: Executor, pool_ids: Collection[str]) -> World:
     return World(pools, dict(authz))
 
 
+class PoolEventVisibility:
+    """The relay's view of this rule (app/events/delivery.py): one load per batch."""
+
+    async def load(self, executor: Executor, events: Sequence[OutboxEvent]) -> World:
+        return await load_world(executor, {e.pool_id for e in events})
+
+
+POOL_EVENTS = PoolEventVisibility()
+
+
 @dataclass(frozen=True, slots=True)
-class EventFilter:
+class PoolEventFilter:
     """What one subscription asked for: its actor, and optionally one pool and some types."""
 
     actor: Actor
     pool_id: str | None = None
     types: frozenset[str] | None = None
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        return self.actor.lineage
 
     def wants(self, event: OutboxEvent) -> bool:
         return (self.pool_id is None or event.pool_id == self.pool_id) and (
@@ -157,7 +176,7 @@ THROUGH_OFFER_KEYS = ("toTenantId", "version")
 
 
 def readable_event(
-    event: OutboxEvent, subscription: EventFilter, world: World
+    event: OutboxEvent, subscription: PoolEventFilter, world: World
 ) -> OutboxEvent | None:
     """The event as this subscription may read it, or None when it is not delivered.
     Not delivering is the same as a filtered-out event: the cursor still moves past it."""
@@ -180,7 +199,7 @@ def readable_event(
         attributes, through = grant.attributes, grant.tenant_id
     else:
         return None
-    if not allows_pool(actor.principal, POOLS_READ, attributes):
+    if not allows_pool(actor.principal, LIST_POOLS.permission, attributes):  # as `list`
         return None
     if reads_offers(actor.principal, pool.owner == actor.tenant_id, attributes):
         return event  # the owner's sharer reads every offer, as `offers` shows it

@@ -1,8 +1,9 @@
-"""One read connection per request, opened on first use and shared by every loader.
+"""One read connection per request, opened on first use and shared by all its reads.
 
-DataLoaders dispatch their batches as concurrent tasks; a lock makes them take turns on
-the one connection (an AsyncConnection must never run two statements at once), so a
-query holds one pooled connection however wide it fans out.
+A GraphQL request resolves fields (and DataLoader batches) as concurrent tasks; a lock
+makes them take turns on the one connection (an AsyncConnection must never run two
+statements at once), so a query holds one pooled connection however wide it fans out.
+`Capacity` runs a read on the scope it is given (`reads=`), else on a connection of its own.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+"""A JSON response rendered by orjson, for REST, GraphQL and the health routes."""
+
 from __future__ import annotations
 
 from typing import Any

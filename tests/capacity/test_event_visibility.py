@@ -1,12 +1,12 @@
-"""The relay decides grants from one load per batch (app/events/visibility.py); it must
+"""The relay decides grants from one load per batch (app/capacity/event_visibility.py); it must
 pick exactly what the domain's `load_grants` picks for every tenant of a tree."""
 
 from __future__ import annotations
 
+from app.capacity.event_visibility import PoolEventFilter, load_world, readable_event
 from app.capacity.reads import Actor, load_grants, load_lineage
 from app.db.engine import Database
 from app.events.reader import read_events
-from app.events.visibility import EventFilter, load_world, readable_event
 from app.iam.principal import Principal
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -77,7 +77,7 @@ async def test_offer_details_follow_the_callers_share_permission(
         lineage = await load_lineage(conn, "acme")
     read = {}
     for who, principal in callers.items():
-        subscription = EventFilter(Actor(principal, "acme", lineage))
+        subscription = PoolEventFilter(Actor(principal, "acme", lineage))
         shown = [readable_event(e, subscription, world) for e in written]
         read[who] = [
             (e.type, e.data.get("toTenantId"), e.data.get("removedTenantIds")) for e in shown if e

@@ -14,12 +14,10 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.capacity.errors import ResourceExhausted
+from app.errors import ResourceExhausted
 
 
 class BodyTooLarge(ResourceExhausted):
-    http_status = 413
-
     def __init__(self, max_bytes: int) -> None:
         super().__init__(
             f"the request body is over the limit of {max_bytes} bytes",

@@ -1,4 +1,5 @@
-"""Typed domain errors. Each surface maps `code` to its own form (CONTRACT section 3)."""
+"""Typed errors, a leaf every layer may import. Each transport maps `code` to its own form
+(CONTRACT section 3): REST and GraphQL to an HTTP status in app/http/status.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import Any, ClassVar
 
 class DomainError(Exception):
     code: ClassVar[str] = "INTERNAL"
-    http_status: ClassVar[int] = 500
 
     def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
         super().__init__(message)
@@ -24,49 +24,36 @@ class DomainError(Exception):
 
 class InvalidInput(DomainError):
     code = "INVALID_INPUT"
-    http_status = 400
 
 
 class Unauthenticated(DomainError):
     code = "UNAUTHENTICATED"
-    http_status = 401
 
 
 class PermissionDenied(DomainError):
     code = "PERMISSION_DENIED"
-    http_status = 403
 
 
 class NotFound(DomainError):
     code = "NOT_FOUND"
-    http_status = 404
 
 
 class Conflict(DomainError):
     code = "CONFLICT"
-    http_status = 409
 
 
 class InvalidState(DomainError):
     code = "INVALID_STATE"
-    http_status = 409
 
 
 class ResourceExhausted(DomainError):
     code = "RESOURCE_EXHAUSTED"
-    http_status = 429
 
 
 class Unavailable(DomainError):
     code = "UNAVAILABLE"
-    http_status = 503
 
 
 class Internal(DomainError):
     code = "INTERNAL"
-    http_status = 500
 
-
-def pool_not_found(pool_id: str) -> NotFound:
-    """The one answer for a pool that is missing or hidden, so neither can be told apart."""
-    return NotFound(f"pool {pool_id} not found", field="poolId")

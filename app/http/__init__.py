@@ -1,0 +1,1 @@
+"""What both HTTP transports (REST in app/rest/, GraphQL in schema/) share."""
