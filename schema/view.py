@@ -39,6 +39,7 @@ from schema.http_media import (
     request_error_status,
     response_media,
 )
+from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
     BackendUnavailable,
@@ -141,6 +142,7 @@ class GraphQLView(GraphQL[Context, None]):
         data = await super().parse_http_body(request)
         if isinstance(data, GraphQLRequestData):
             data.query = self.persisted.resolve(data.query, data.extensions)
+            sent_operation_name.set(data.operation_name)  # for OperationChecks
         return data
 
     def should_render_graphql_ide(self, request: Any) -> bool:
