@@ -11,6 +11,10 @@ the attribute and serialises it directly, with the same serialiser graphql-core 
 call. Anything unusual (a null in a non-null field, an exception, an awaitable, a
 serialisation error) falls back to graphql-core's path, which then reports it exactly as
 it always does. Results are identical; only the bookkeeping is skipped.
+
+It overrides graphql-core methods outside its public API: app/compat.py checks them when
+the app is assembled, and the app runs strawberry's stock executor when they changed or
+`BETTERCOMPUTE_FAST_PATH` is false.
 """
 
 from __future__ import annotations

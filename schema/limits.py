@@ -56,6 +56,7 @@ from app.capacity.bounds import (
 )
 from app.capacity.paging import MAX_PAGE_SIZE
 from app.catalog import POOL_METHODS
+from app.compat import graphql_core_schema
 from app.observe import request_info
 from schema.errors import RESOURCE_EXHAUSTED
 
@@ -368,7 +369,7 @@ def query_limits(
                 return
             document = context.graphql_document
             assert document is not None
-            schema = context.schema._schema
+            schema = graphql_core_schema(context.schema)
             variables = context.variables if isinstance(context.variables, Mapping) else {}
             costs: dict[str | None, int] = {}
             errors: Sequence[GraphQLError] = shape_errors(

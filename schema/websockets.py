@@ -14,6 +14,9 @@ stream are closed (4403) by the process's revocation watcher (app/iam/revocation
 A message of a shape its protocol does not define closes graphql-transport-ws with 4400
 (as the protocol says); legacy graphql-ws answers it with an `error` message, as its
 reference server did, and carries on.
+
+The handlers subclass strawberry's and call its methods (no copy of them): app/compat.py
+checks those methods at start-up, and strawberry's own handlers serve if they changed.
 """
 
 from __future__ import annotations
