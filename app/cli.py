@@ -263,9 +263,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     import uvicorn
 
+    from app.compat import websocket_protocol
     from app.db.migrate import upgrade
     from app.logs import logging_config
-    from app.websocket_protocol import LeanWebSocketProtocol
 
     if _embedded(settings.database_url):
         asyncio.run(upgrade(settings.database_url))
@@ -277,7 +277,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        ws=LeanWebSocketProtocol,  # websockets-sansio, lighter per idle connection
+        # websockets-sansio, lighter per idle connection on the fast path (app/compat.py)
+        ws=websocket_protocol(settings),
         # Websocket pings find dead peers of both subscription protocols; no per-message
         # compression: events are small, and each connection's zlib state would cost
         # ~100 KB (docs/events.md).

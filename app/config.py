@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     )
     graphiql: bool = setting(True, "serve GraphiQL at `/graphql` (switch off in production)")
     introspection: bool = setting(True, "GraphQL introspection (switch off in production)")
+    fast_path: bool = setting(
+        True,
+        "the fast read path (custom executor, lean websocket protocol); false serves with "
+        "stock graphql-core, strawberry and uvicorn, which answer the same (app/compat.py)",
+    )
     # GraphQL query limits: refused before execution.
     max_query_depth: int = setting(12, "GraphQL: deepest selection (docs/graphql.md)")
     max_aliases: int = setting(30, "GraphQL: aliases per operation")

@@ -16,7 +16,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from app import tracing
+from app import compat, tracing
 from app.capacity.event_visibility import POOL_EVENTS
 from app.capacity.service import Capacity
 from app.config import Settings
@@ -111,9 +111,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 tracing.uninstrument_clients()
             worker_stopped()
 
-    # One endpoint for queries, mutations (POST; GET for queries) and both websocket
-    # protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
-    graphql = GraphQLView(build_schema(settings, tracing=traced), settings)
+    # The fast path's pieces that can run with these libraries (one warning for each
+    # that cannot), then one endpoint for queries, mutations (POST; GET for queries) and
+    # both websocket protocols (graphql-transport-ws, graphql-ws); GraphiQL in a browser.
+    pieces = compat.check(settings)
+    graphql = GraphQLView(
+        build_schema(settings, tracing=traced, fast_executor=pieces.executor),
+        settings,
+        our_websocket_handlers=pieces.websocket_handlers,
+    )
     middleware = [
         Middleware(Observe),  # outermost: request ids, metrics and logs see every answer
         Middleware(BodyLimit, max_bytes=settings.max_body_bytes),

@@ -1,5 +1,6 @@
 """The schema. `schema` (default settings) is what `scripts/export-schema` prints to
-schema/schema.graphql; the server builds its own from its settings (limits, introspection).
+schema/schema.graphql; the server builds its own from its settings (limits, introspection)
+and with the fast executor when app/compat.py finds it can run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from strawberry.extensions import DisableIntrospection, ParserCache, SchemaExten
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
+from app.compat import graphql_core_schema
 from app.config import Settings
 from schema.cost_budget import CostBudget
 from schema.errors import ErrorCodes
-from schema.executor import FastFieldsExecutor
 from schema.limits import query_limits
 from schema.mutations import Mutation
 from schema.operations import OperationChecks
@@ -43,6 +44,7 @@ def _build(
     max_tokens: int,
     max_cost: int,
     tracing: bool = False,
+    fast_executor: bool = False,
 ) -> Schema:
     extensions: list[type[SchemaExtension] | Callable[[], SchemaExtension]] = [
         ReadScopeHooks,
@@ -62,18 +64,28 @@ def _build(
         from app.tracing import graphql_extension
 
         extensions.insert(0, graphql_extension())
-    return Schema(
+    executor = None  # strawberry's own
+    if fast_executor:  # imported only then: it subclasses what app/compat.py checked
+        from schema.executor import FastFieldsExecutor
+
+        executor = FastFieldsExecutor
+    built = Schema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
         extensions=extensions,
-        execution_context_class=FastFieldsExecutor,
+        execution_context_class=executor,
         config=StrawberryConfig(scalar_map=SCALAR_MAP),
     )
+    graphql_core_schema(built)  # the limits need it: refuse to start without it
+    return built
 
 
-def build_schema(settings: Settings, *, tracing: bool = False) -> Schema:
-    """One schema per distinct set of limits (building one takes tens of milliseconds)."""
+def build_schema(
+    settings: Settings, *, tracing: bool = False, fast_executor: bool = False
+) -> Schema:
+    """One schema per distinct set of limits (building one takes tens of milliseconds).
+    `fast_executor`: schema/executor.py, when app/compat.py says it can run."""
     return _build(
         settings.introspection,
         settings.max_query_depth,
@@ -81,6 +93,7 @@ def build_schema(settings: Settings, *, tracing: bool = False) -> Schema:
         settings.max_tokens,
         settings.max_query_cost,
         tracing,
+        fast_executor,
     )
 
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,30 +16,12 @@ from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 from strawberry.types.execution import StreamExecutionResult
 
+from app.compat import input_field, over_token_limit
 from app.db.errors import to_domain_error
 from app.errors import DomainError
 
 INVALID_INPUT = "INVALID_INPUT"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
-
-# graphql-core's parser refuses a document over the token limit with this message.
-_TOO_MANY_TOKENS = re.compile(r"Document contains more than \d+ tokens")
-# Variable coercion names the offending input: `has invalid value at .quota[0].max:`,
-# `to include required field 'siteId'`, `not to include unknown field 'priority'`.
-_INPUT_FIELD = (
-    re.compile(r"has invalid value at \.([^:]+):"),
-    re.compile(r"include required field '(\w+)'"),
-    re.compile(r"include unknown field '(\w+)'"),
-)
-
-
-def _input_field(message: str) -> str | None:
-    for pattern in _INPUT_FIELD:
-        match = pattern.search(message)
-        if match:
-            return match.group(1)
-    return None
-
 
 def with_code(error: GraphQLError, code: str, message: str, **details: Any) -> GraphQLError:
     return GraphQLError(
@@ -67,9 +48,10 @@ def coded(error: GraphQLError) -> GraphQLError:
     if original is not None and not isinstance(original, (GraphQLError, ValueError, TypeError)):
         domain = to_domain_error(original)  # a failure outside any field, e.g. in a hook
         return with_code(error, domain.code, domain.message, **domain.details)
-    if _TOO_MANY_TOKENS.search(error.message):
+    # graphql-core says which limit or input field only in its messages (app/compat.py).
+    if over_token_limit(error.message):
         return with_code(error, RESOURCE_EXHAUSTED, error.message, limit="tokens")
-    field = _input_field(error.message)
+    field = input_field(error.message)
     details = {"field": field} if field else {}
     return with_code(error, INVALID_INPUT, error.message, **details)
 

@@ -11,6 +11,10 @@ the attribute and serialises it directly, with the same serialiser graphql-core 
 call. Anything unusual (a null in a non-null field, an exception, an awaitable, a
 serialisation error) falls back to graphql-core's path, which then reports it exactly as
 it always does. Results are identical; only the bookkeeping is skipped.
+
+It overrides graphql-core methods outside its public API: app/compat.py checks them when
+the app is assembled, and the app runs strawberry's stock executor when they changed or
+`BETTERCOMPUTE_FAST_PATH` is false.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from graphql import (
     is_leaf_type,
 )
 from graphql.pyutils import Path
+from strawberry.resolvers import is_default_resolver
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.field import StrawberryField
@@ -52,7 +57,8 @@ def _plan_for(field_def: GraphQLField) -> _Plan:
         isinstance(field, StrawberryField)
         and field.is_basic_field
         and not field_def.args
-        and getattr(field_def.resolve, "_is_default", False)
+        and field_def.resolve is not None
+        and is_default_resolver(field_def.resolve)
         and is_leaf_type(leaf)
     ):
         plan = (field.python_name, leaf.coerce_output_value, nullable)
@@ -137,7 +143,7 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         position_context: Any,
     ) -> Any:
         manager = self.middleware_manager
-        if manager is not None and manager._middleware_resolvers is not None:
+        if manager is not None and manager.middlewares:  # each field through its middleware
             return super().execute_fields(
                 parent_type, source_value, path, grouped_field_set, position_context
             )

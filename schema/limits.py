@@ -56,6 +56,7 @@ from app.capacity.bounds import (
 )
 from app.capacity.paging import MAX_PAGE_SIZE
 from app.catalog import POOL_METHODS
+from app.compat import graphql_core_schema
 from app.observe import request_info
 from schema.errors import RESOURCE_EXHAUSTED
 
@@ -327,7 +328,9 @@ def _validate(
     schema: GraphQLSchema, document: DocumentNode, rules: tuple[type[ASTValidationRule], ...]
 ) -> list[GraphQLError]:
     """Validation depends on the document only (the parser cache hands back the same
-    document for the same text), so a dashboard's repeated query is validated once."""
+    document for the same text), so a dashboard's repeated query is validated once.
+    strawberry's ValidationCache caches the same call but runs it in its own hook, always:
+    it would validate a document the limits refuse (validation is what they protect)."""
     return validate_document(schema, document, rules)
 
 
@@ -366,7 +369,7 @@ def query_limits(
                 return
             document = context.graphql_document
             assert document is not None
-            schema = context.schema._schema
+            schema = graphql_core_schema(context.schema)
             variables = context.variables if isinstance(context.variables, Mapping) else {}
             costs: dict[str | None, int] = {}
             errors: Sequence[GraphQLError] = shape_errors(
@@ -375,8 +378,7 @@ def query_limits(
             if costs:
                 # The operation that runs (OperationChecks made sure it is named when
                 # there are several).
-                name = getattr(context, "_provided_operation_name", None)
-                cost = costs.get(name, next(iter(costs.values())))
+                cost = costs.get(context.operation_name, next(iter(costs.values())))
                 operation_cost(context.context, min(cost, _MAX_REPORTED))
             if not errors:
                 errors = _validate(schema, document, tuple(context.validation_rules))

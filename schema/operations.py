@@ -11,6 +11,7 @@ Both are INVALID_INPUT.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 from graphql import GraphQLError, OperationDefinitionNode
 from starlette.websockets import WebSocket
@@ -19,6 +20,11 @@ from strawberry.types.graphql import OperationType
 
 from schema.errors import INVALID_INPUT
 
+# `operationName` as the request sent it, set where each transport reads the request
+# (schema/view.py, schema/websockets.py): strawberry's `operation_name` falls back to the
+# first operation's name, so it cannot tell a name that was sent from none.
+sent_operation_name: ContextVar[str | None] = ContextVar("sent_operation_name", default=None)
+
 
 class OperationChecks(SchemaExtension):
     def on_validate(self) -> Iterator[None]:
@@ -26,12 +32,8 @@ class OperationChecks(SchemaExtension):
         document = context.graphql_document
         assert document is not None
         operations = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
-        # `operation_name` falls back to the first operation's; the name as sent is kept
-        # in this attribute (strawberry is pinned exactly; tests/graphql/test_http_edges.py
-        # would see it go).
-        sent_name = getattr(context, "_provided_operation_name", None)
         message = None
-        if len(operations) > 1 and sent_name is None:
+        if len(operations) > 1 and sent_operation_name.get() is None:
             message = "Must provide operation name if query contains multiple operations."
         elif context.operation_type is OperationType.SUBSCRIPTION and not isinstance(
             getattr(context.context, "request", None), WebSocket

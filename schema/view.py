@@ -18,6 +18,10 @@ from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema import BaseSchema
 from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
+    BaseGraphQLTransportWSHandler,
+)
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UnsetType
@@ -40,6 +44,7 @@ from schema.http_media import (
     request_error_status,
     response_media,
 )
+from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
     BackendUnavailable,
@@ -50,7 +55,9 @@ from schema.websockets import (
 
 
 class GraphQLView(GraphQL[Context, None]):
-    def __init__(self, schema: BaseSchema, settings: Settings) -> None:
+    def __init__(
+        self, schema: BaseSchema, settings: Settings, *, our_websocket_handlers: bool = True
+    ) -> None:
         super().__init__(
             schema,
             graphql_ide="graphiql" if settings.graphiql else None,
@@ -69,6 +76,9 @@ class GraphQLView(GraphQL[Context, None]):
         )
         self.persisted = PersistedQueries(settings.persisted_queries, manifest)
         self._graphiql_html = graphiql_html(settings.web_assets_dir) if settings.graphiql else ""
+        if not our_websocket_handlers:  # strawberry changed what they override (app/compat.py)
+            self.graphql_transport_ws_handler_class = BaseGraphQLTransportWSHandler
+            self.graphql_ws_handler_class = BaseGraphQLWSHandler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -142,6 +152,7 @@ class GraphQLView(GraphQL[Context, None]):
         data = await super().parse_http_body(request)
         if isinstance(data, GraphQLRequestData):
             data.query = self.persisted.resolve(data.query, data.extensions)
+            sent_operation_name.set(data.operation_name)  # for OperationChecks
         return data
 
     def should_render_graphql_ide(self, request: Any) -> bool:
@@ -218,8 +229,10 @@ class GraphQLView(GraphQL[Context, None]):
         return response
 
     # --- websocket hooks (graphql-transport-ws and graphql-ws) -------------------------
-    graphql_transport_ws_handler_class = TransportWSHandler
-    graphql_ws_handler_class = LegacyWSHandler
+    graphql_transport_ws_handler_class: type[BaseGraphQLTransportWSHandler[Context, None]] = (
+        TransportWSHandler
+    )
+    graphql_ws_handler_class: type[BaseGraphQLWSHandler[Context, None]] = LegacyWSHandler
     websocket_adapter_class = TextFrames
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:

@@ -14,6 +14,9 @@ stream are closed (4403) by the process's revocation watcher (app/iam/revocation
 A message of a shape its protocol does not define closes graphql-transport-ws with 4400
 (as the protocol says); legacy graphql-ws answers it with an `error` message, as its
 reference server did, and carries on.
+
+The handlers subclass strawberry's and call its methods (no copy of them): app/compat.py
+checks those methods at start-up, and strawberry's own handlers serve if they changed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from typing import Final
 from graphql import GraphQLFormattedError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.asgi import ASGIWebSocketAdapter
-from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.subscriptions.protocols.graphql_transport_ws import types as transport_ws
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
@@ -33,13 +35,13 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 )
 from strawberry.subscriptions.protocols.graphql_ws import types as legacy_ws
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
-from strawberry.types.unset import UnsetType
 
 from app.db.errors import to_domain_error
 from app.errors import DomainError, Unauthenticated
 from app.iam.callers import bearer_token_hash
 from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
+from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError
 
 # RFC 6455 "Try Again Later": the connection could not be authenticated because the
@@ -224,6 +226,8 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
                 )
                 return
             message["payload"]["query"] = query
+        # The operation's task, made by strawberry below, starts with this value.
+        sent_operation_name.set(message["payload"].get("operationName"))
         await super().handle_subscribe(message)
 
 
@@ -270,36 +274,23 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
         if self.connection_acknowledged:
             await self.websocket.close(code=4429, reason="Too many initialisation requests")
             return
-        payload = message.get("payload")
-        if payload is not None and not isinstance(payload, dict):
-            await self.send_message({"type": "connection_error"})
-            await self.websocket.close(code=1000, reason="")
-            return
-        self.context.connection_params = payload
         try:
-            ack = await self.view.on_ws_connect(self.context)
-        except ConnectionRejectionError as rejected:
-            await self.send_message({"type": "connection_error", "payload": rejected.payload})
-            await self.websocket.close(code=FORBIDDEN, reason="Forbidden")
-            return
+            await super().handle_connection_init(message)
         except BackendUnavailable as unavailable:
-            error: dict[str, object] = {
-                "message": str(unavailable),
-                "extensions": {"code": "UNAVAILABLE"},
-            }
-            await self.send_message(
-                legacy_ws.ConnectionErrorMessage(type="connection_error", payload=error)
-            )
+            error = _coded(str(unavailable), "UNAVAILABLE")
+            # Sent as is: send_message would read a connection_error as a rejection.
+            await self.websocket.send_json({"type": "connection_error", "payload": error})
             await self.websocket.close(code=TRY_AGAIN_LATER, reason="Try again later")
             return
-        if isinstance(ack, UnsetType) or ack is None:
-            await self.send_message({"type": "connection_ack"})
-        else:
-            await self.send_message({"type": "connection_ack", "payload": ack})
-        self.connection_acknowledged = True
-        self._watch_token()
-        if self.keep_alive:
-            self.keep_alive_task = asyncio.create_task(self.handle_keep_alive())
+        if self.connection_acknowledged:
+            self._watch_token()
+
+    async def send_message(self, message: legacy_ws.OperationMessage) -> None:
+        await super().send_message(message)
+        if message["type"] == "connection_error" and message.get("payload") is not None:
+            # strawberry's answer to a rejected connection_init (a bad token); it closes
+            # with 1011 next, which TextFrames ignores once this has closed the socket.
+            await self.websocket.close(code=FORBIDDEN, reason="Forbidden")
 
     async def handle_start(self, message: legacy_ws.StartMessage) -> None:
         if self.connection_acknowledged:
@@ -331,4 +322,6 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
                 )
                 return
             message["payload"]["query"] = query
+        # The operation's task, made by strawberry below, starts with this value.
+        sent_operation_name.set(message["payload"].get("operationName"))
         await super().handle_start(message)

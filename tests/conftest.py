@@ -14,6 +14,10 @@ Databases (see tests/databases.py):
 Services: PostgreSQL (BETTERCOMPUTE_TEST_POSTGRES_URL) and Redis
 (`redis_url`, BETTERCOMPUTE_TEST_REDIS_URL). When one is unreachable its tests are
 skipped, or fail when BETTERCOMPUTE_TEST_REQUIRE_SERVICES=1 (as in CI).
+
+The fast path: on, unless BETTERCOMPUTE_FAST_PATH=false (CI runs the GraphQL and
+websocket suites both ways, .ci/run). The variable reaches every `Settings(...)` a test
+builds and every `bettercompute serve` it starts (they inherit the environment).
 """
 
 from __future__ import annotations
@@ -43,12 +47,30 @@ from tests.support import Api, Fleet
 def pytest_configure(config: pytest.Config) -> None:
     for name in DIALECTS:
         config.addinivalue_line("markers", f"{name}: runs against the {name} database")
+    config.addinivalue_line(
+        "markers", "fast_path: asserts work only the fast path saves; skipped on the plain path"
+    )
+    plain_path_if_asked()
+
+
+def plain_path_if_asked() -> None:
+    """`Settings(...)` reads no environment (tests build it so): with
+    BETTERCOMPUTE_FAST_PATH=false in the environment, its default becomes false for
+    this run, so every app a test assembles takes the plain path."""
+    if Settings.from_env().fast_path:
+        return
+    Settings.model_fields["fast_path"].default = False
+    Settings.model_rebuild(force=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that narrows `dialect` with its own parametrize loses the fixture's marks:
-    mark it by the dialect it runs on, so `-m postgresql` selects it too."""
+    mark it by the dialect it runs on, so `-m postgresql` selects it too. On the plain
+    path, the fast path's own tests are skipped."""
+    plain = not Settings().fast_path
     for item in items:
+        if plain and item.get_closest_marker("fast_path"):
+            item.add_marker(pytest.mark.skip(reason="the fast path's own work (plain path run)"))
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("dialect") if callspec is not None else None
         if name in DIALECTS and not item.get_closest_marker(name):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, insert, select
 
+from app.config import Settings
 from app.db.engine import Database
 from app.db.models import Base, Event, Tenant, utcnow
 from app.iam.roles import FLEET_TENANT
@@ -41,3 +42,9 @@ async def test_database_url_for_gives_the_same_database(
 ) -> None:
     assert callable(database_url_for)
     assert await database_url_for(dialect) == database_url
+
+
+def test_settings_take_the_path_the_environment_asks_for() -> None:
+    """BETTERCOMPUTE_FAST_PATH=false (CI's plain-path run) reaches `Settings(...)`."""
+    assert Settings().fast_path is Settings.from_env().fast_path
+    assert Settings(fast_path=True).fast_path is True

@@ -12,9 +12,9 @@ import pytest_asyncio
 import uvicorn
 from starlette.applications import Starlette
 
+from app.compat import websocket_protocol
 from app.config import Settings
 from app.server import create_app
-from app.websocket_protocol import LeanWebSocketProtocol
 from tests.events.brokers import free_port
 from tests.support import Api
 
@@ -39,7 +39,7 @@ async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
         application,
         host="127.0.0.1",
         port=free_port(),
-        ws=LeanWebSocketProtocol,  # as `bettercompute serve`
+        ws=websocket_protocol(settings),  # as `bettercompute serve`
         ws_per_message_deflate=False,
         lifespan="on",
         log_level="warning",

@@ -45,6 +45,7 @@ async def subscribed(app: Starlette, count: int) -> None:
     await wait_until(lambda: relay.subscriptions >= count)
 
 
+@pytest.mark.fast_path  # schema/executor.py shares the rendering
 async def test_an_event_is_rendered_once_per_distinct_request(
     database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -90,6 +91,7 @@ async def test_an_event_is_rendered_once_per_distinct_request(
     assert executions.count(cursor) == 4
 
 
+@pytest.mark.fast_path  # app/websocket_protocol.py writes a turn's frames at once
 async def test_a_backlog_leaves_in_a_few_writes(
     database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

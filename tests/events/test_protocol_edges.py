@@ -241,3 +241,46 @@ async def test_a_malformed_message_on_graphql_ws_gets_an_error_and_the_socket_st
         await ws.send(orjson.dumps(message).decode())
         assert (await receive(ws))["type"] == "error"
         assert (await receive(ws, skip_keepalive=False))["type"] == "ka"
+
+
+@pytest.mark.parametrize("protocol", BOTH)
+async def test_a_document_of_several_operations_runs_the_one_named(
+    server: tuple[str, str], protocol: str
+) -> None:
+    """As over HTTP (GraphQL spec, GetOperation): the named one runs (here A, refused for a
+    tenant the caller may not act for), and without a name the document is refused rather
+    than its first operation run."""
+    address, token = server
+    document = (
+        'subscription A { poolEvents(tenantId: "elsewhere") { cursor } } '
+        'subscription B { poolEvents(tenantId: "acme") { cursor } }'
+    )
+    kind = "subscribe" if protocol == TRANSPORT_WS else "start"
+    async with connect(f"ws://{address}/graphql", subprotocols=[protocol]) as ws:
+        await send(ws, init(token))
+        assert (await receive(ws))["type"] == "connection_ack"
+        named = {"query": document, "operationName": "A"}
+        await send(ws, {"id": "named", "type": kind, "payload": named})
+        assert _error_codes(await receive(ws)) == [("named", "PERMISSION_DENIED")]
+        assert (await receive(ws))["type"] == "complete"
+
+        await send(ws, {"id": "unnamed", "type": kind, "payload": {"query": document}})
+        refused = await receive(ws)
+        assert _error_codes(refused) == [("unnamed", "INVALID_INPUT")]
+        (error,) = _errors(refused)
+        assert error["message"] == (
+            "Must provide operation name if query contains multiple operations."
+        )
+
+
+def _errors(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """An operation's errors: in `error` (a refusal) or in `next`/`data` (a result)."""
+    if message["type"] == "error":
+        payload = message["payload"]
+        return payload if isinstance(payload, list) else [payload]
+    errors: list[dict[str, Any]] = message["payload"]["errors"]
+    return errors
+
+
+def _error_codes(message: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(message["id"], e["extensions"]["code"]) for e in _errors(message)]

@@ -12,6 +12,7 @@ import pytest
 from graphql import GraphQLObjectType, get_nullable_type, is_list_type
 from starlette.applications import Starlette
 
+from app.compat import graphql_core_schema
 from app.config import Settings
 from app.server import create_app
 from schema.app import schema
@@ -258,7 +259,7 @@ async def test_fragments_count_every_time_they_are_spread(api: Api, token: str) 
 def test_every_list_field_has_a_bound() -> None:
     """A list without `first` is counted by its bound from app/capacity/bounds.py; a new
     list field must say what bounds it (LIST_BOUNDS) before it can be priced."""
-    for type_name, graphql_type in schema._schema.type_map.items():
+    for type_name, graphql_type in graphql_core_schema(schema).type_map.items():
         if type_name.startswith("__") or not isinstance(graphql_type, GraphQLObjectType):
             continue
         for field_name, field in graphql_type.fields.items():

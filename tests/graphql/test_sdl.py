@@ -4,6 +4,7 @@ from pathlib import Path
 
 from strawberry.printer import print_schema
 
+from app.compat import graphql_core_schema
 from schema.app import schema
 
 SDL = Path(__file__).parents[2] / "schema" / "schema.graphql"
@@ -17,7 +18,7 @@ def test_exported_sdl_is_current() -> None:
 
 def test_every_type_and_field_has_a_description() -> None:
     missing = []
-    for name, graphql_type in schema._schema.type_map.items():
+    for name, graphql_type in graphql_core_schema(schema).type_map.items():
         if name.startswith("__") or name in ("String", "Int", "Boolean", "ID", "Float"):
             continue
         if not graphql_type.description:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from graphql import parse
 
+from app.compat import graphql_core_schema
 from app.config import Settings
 from app.ids import new_id
 from schema.app import build_schema
@@ -53,7 +54,8 @@ async def test_a_caller_past_its_request_budget_is_refused_on_both_transports(
 
 def _estimated(query: str, variables: dict[str, object]) -> int:
     costs: dict[str | None, int] = {}
-    cost_errors(build_schema(Settings())._schema, parse(query), variables, 10**9, costs)
+    schema = graphql_core_schema(build_schema(Settings()))
+    cost_errors(schema, parse(query), variables, 10**9, costs)
     (cost,) = costs.values()
     return cost
 
