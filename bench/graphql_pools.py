@@ -94,8 +94,9 @@ class Plan:
 FULL = Plan(
     seconds=10, rounds=2, sequential_seconds=5, warmup_seconds=2, sizes=(100, 10, 1000, 200)
 )
+# No warm-up run: the checks and the statement count before the runs warm both up.
 QUICK = Plan(
-    seconds=2, rounds=1, sequential_seconds=1, warmup_seconds=1, sizes=(100, 10, 1000), quick=True
+    seconds=3, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
 )
 
 
@@ -270,18 +271,59 @@ class Processes:
     database: str
     monitor: asyncpg.Connection
 
-    async def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of each process that does the work of a run."""
-        pids = await self.monitor.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-            self.database,
-        )
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the service, the floor and the whole machine."""
         return {
             "service": cpu_s(self.service),
             "floor": cpu_s(self.floor),
-            "postgres": sum(cpu_s(row["pid"]) for row in pids),
             "machine": machine_busy_s(),
         }
+
+    async def backends_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each PostgreSQL backend connected to the bench database."""
+        rows = await self.monitor.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            self.database,
+        )
+        return {row["pid"]: cpu_s(row["pid"]) for row in rows}
+
+
+class BackendsCpu:
+    """The CPU the bench database's backends spend over a run. The service's pool opens
+    and closes connections under load (its overflow), so the backends are looked up every
+    0.2 s and each one's latest figure kept: one that ends between two looks loses at
+    most those 0.2 s."""
+
+    def __init__(self, processes: Processes) -> None:
+        self.processes = processes
+        self.first: dict[int, float] = {}
+        self.latest: dict[int, float] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self.first = await self.processes.backends_cpu()
+        self.latest = dict(self.first)
+        self.task = asyncio.create_task(self._follow())
+
+    async def _look(self) -> None:
+        for pid, seconds in (await self.processes.backends_cpu()).items():
+            self.latest[pid] = max(seconds, self.latest.get(pid, 0.0))  # 0 once it is gone
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.stopping.wait(), 0.2)
+                return
+            except TimeoutError:
+                await self._look()
+
+    async def stop(self) -> float:
+        assert self.task is not None
+        self.stopping.set()  # not cancelled: a look in progress ends its query first
+        await self.task
+        await self._look()
+        return sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.latest.items())
 
 
 def uptime() -> str:
@@ -505,17 +547,22 @@ class Bench:
             if target == "service"
             else None
         )
-        before = await self.processes.cpu()
-        load = await asyncio.to_thread(
-            self.generator.run,
-            url,
-            requests,
-            connections=connections,
-            threads=threads,
-            seconds=seconds,
-        )
-        after = await self.processes.cpu()
-        used = {k: after[k] - before[k] for k in after} | {"wrk": load.cpu_s}
+        backends = BackendsCpu(self.processes)
+        await backends.start()
+        before = self.processes.cpu()
+        try:
+            load = await asyncio.to_thread(
+                self.generator.run,
+                url,
+                requests,
+                connections=connections,
+                threads=threads,
+                seconds=seconds,
+            )
+            after = self.processes.cpu()
+        finally:
+            postgres = await backends.stop()
+        used = {k: after[k] - before[k] for k in after} | {"wrk": load.cpu_s, "postgres": postgres}
         run = Run(load, used)
         if before_counts is not None:
             run.counts = await settled_counts(self.service_client, case.transport) - before_counts
@@ -525,12 +572,14 @@ class Bench:
                 raise RuntimeError(f"{case.name}: the service answered {run.counts.errors}")
         if load.errors:
             raise RuntimeError(f"{case.name}, {target}: {load.errors} failed requests")
+        if not load.requests:
+            raise RuntimeError(f"{case.name}, {target}: no answer within {seconds:g} s")
         return run
 
 
 async def measure_case(bench: Bench, case: Case, plan: Plan) -> dict[str, Side]:
     sides = {"floor": Side(), "service": Side()}
-    for target in sides:  # warm-up: caches, pools, the planner
+    for target in sides if plan.warmup_seconds else ():  # caches, pools, the planner
         await bench.run(
             case, target, connections=CONNECTIONS, threads=THREADS, seconds=plan.warmup_seconds
         )
@@ -579,12 +628,13 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
         )
 
     print(
-        "\nWhat limits each run: the rate achieved (asked: saturate, closed loop) and the CPU"
-        " of each process over the run, % of one core (the machine has"
-        f" {os.cpu_count()} cores: {100 * (os.cpu_count() or 1)}%)"
+        "\nWhat limits each run: the rate asked (closed loop: saturate with N connections) and"
+        " achieved, and the CPU of each process over the run, % of one core (postgres: the"
+        " backends of the bench database; machine: all of its"
+        f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%)"
     )
     header = (
-        f"{'query':<40} {'target':<18} {'req/s':>8} {'p50 ms':>8}  "
+        f"{'query':<40} {'target':<8} {'asked':<18} {'req/s':>8} {'p50 ms':>8}  "
         f"{'service':>7} {'floor':>6} {'wrk':>5} {'postgres':>8} {'machine':>7}"
     )
     print(header)
@@ -593,11 +643,11 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
         for target in ("floor", "service"):
             side = sides[target]
             assert side.sequential is not None
-            labelled = [(f"{target}, {CONNECTIONS} conns", r) for r in side.runs]
-            labelled.append((f"{target}, sequential", side.sequential))
-            for label, run in labelled:
+            labelled = [(f"saturate, {CONNECTIONS} conns", r) for r in side.runs]
+            labelled.append(("saturate, 1 conn", side.sequential))
+            for asked, run in labelled:
                 print(
-                    f"{case.name:<40} {label:<18} {run.load.per_second:8.1f} "
+                    f"{case.name:<40} {target:<8} {asked:<18} {run.load.per_second:8.1f} "
                     f"{run.load.p50_ms:8.2f}  "
                     + " ".join(
                         f"{cpu_percent(run, name):{width}.0f}%"
@@ -691,13 +741,18 @@ async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) ->
 async def run(plan: Plan, prefer: str) -> None:
     generator = ensure_generator(prefer)
     version = generator_version(generator)
+    warm_up = (
+        f"a {plan.warmup_seconds:g} s warm-up run of each"
+        if plan.warmup_seconds
+        else "the checks (no warm-up run)"
+    )
     print(f"uptime at start: {uptime()}")
     print(
         f"load: {version}; asked: saturate, {CONNECTIONS} connections on {THREADS} thread "
         f"(closed loop: each connection sends its next request when its answer arrives), "
         f"{plan.seconds:g} s a run, {plan.rounds} round{'s' * (plan.rounds > 1)} alternating "
-        f"floor and service after a {plan.warmup_seconds:g} s warm-up of each; sequential: "
-        f"1 connection, 1 thread, {plan.sequential_seconds:g} s"
+        f"floor and service after {warm_up}; sequential: 1 connection, 1 thread, "
+        f"{plan.sequential_seconds:g} s"
     )
     print(
         "service: uvicorn --factory app.server:app_from_env, one process; floor: bench/floor.py,"
