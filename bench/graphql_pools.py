@@ -602,6 +602,9 @@ async def measure_case(bench: Bench, case: Case, plan: Plan) -> dict[str, Side]:
 
 
 def cpu_percent(run: Run, name: str) -> float:
+    if name == "others":
+        ours = sum(run.cpu_s[k] for k in ("service", "floor", "wrk", "postgres"))
+        return 100 * (run.cpu_s["machine"] - ours) / run.load.seconds
     return 100 * run.cpu_s[name] / run.load.seconds
 
 
@@ -631,11 +634,12 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
         "\nWhat limits each run: the rate asked (closed loop: saturate with N connections) and"
         " achieved, and the CPU of each process over the run, % of one core (postgres: the"
         " backends of the bench database; machine: all of its"
-        f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%)"
+        f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%; others: the machine"
+        " less the processes of the bench, what else ran)"
     )
     header = (
         f"{'query':<40} {'target':<8} {'asked':<18} {'req/s':>8} {'p50 ms':>8}  "
-        f"{'service':>7} {'floor':>6} {'wrk':>5} {'postgres':>8} {'machine':>7}"
+        f"{'service':>7} {'floor':>6} {'wrk':>5} {'postgres':>8} {'machine':>7} {'others':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -657,6 +661,7 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
                             ("wrk", 4),
                             ("postgres", 7),
                             ("machine", 6),
+                            ("others", 5),
                         )
                     )
                 )
