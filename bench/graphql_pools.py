@@ -1,7 +1,7 @@
 """Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST)
 against a floor, driven by a native load generator (printed figures, docs/performance.md).
 
-    .venv/bin/python -m bench.graphql_pools            # about 4 minutes
+    .venv/bin/python -m bench.graphql_pools            # about 6 minutes
     .venv/bin/python -m bench.graphql_pools --quick    # a smoke test, under a minute
 
 Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL). Installs `wrk` with apt-get on
