@@ -378,13 +378,16 @@ async def service_counts(client: httpx.AsyncClient, transport: str) -> Counts:
 
 
 async def settled_counts(client: httpx.AsyncClient, transport: str) -> Counts:
-    """The counts once the requests wrk left in flight have finished (they still run)."""
+    """The counts once the requests wrk left in flight have finished (they still run):
+    unchanged for a second. Only the errors of a run are checked against these."""
     counts = await service_counts(client, transport)
+    unchanged = 0
     for _ in range(300):
         await asyncio.sleep(0.1)
         again = await service_counts(client, transport)
-        if again == counts:
-            return again
+        unchanged = unchanged + 1 if again == counts else 0
+        if unchanged == 10:
+            break
         counts = again
     return counts
 
