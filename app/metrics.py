@@ -77,6 +77,13 @@ BROKER_CONNECTED = Gauge(
     "1 when the event broker subscription is up (per process; min across processes)",
     multiprocess_mode="livemin",
 )
+DB_STATEMENTS = Counter(
+    "bettercompute_db_statements_total",
+    "SQL statements sent to the database (BEGIN, COMMIT and pool pings not included), by the "
+    "transport of the request that ran them (rest, graphql, http) or none (background "
+    "tasks and websockets)",
+    ["transport"],
+)
 RATE_LIMITED = Counter(
     "bettercompute_rate_limited_total",
     "Requests refused by the per-caller budget, by what ran out (requests, cost)",
@@ -91,10 +98,14 @@ def observe_request(transport: str, operation: str, duration_s: float, codes: li
 
 
 def instrument_engine(engine: AsyncEngine, role: str) -> None:
-    """Pool checkouts and transaction outcomes, from SQLAlchemy's events."""
+    """Pool checkouts, statements and transaction outcomes, from SQLAlchemy's events."""
+    # Imported here: app.observe imports this module to report each request.
+    from app.observe import request_info
+
     in_use = DB_IN_USE.labels(role)
     commits = DB_TRANSACTIONS.labels("commit")
     rollbacks = DB_TRANSACTIONS.labels("rollback")
+    statements = {t: DB_STATEMENTS.labels(t) for t in ("rest", "graphql", "http", "none")}
     sync = engine.sync_engine
 
     @event.listens_for(sync.pool, "checkout")
@@ -112,6 +123,16 @@ def instrument_engine(engine: AsyncEngine, role: str) -> None:
     @event.listens_for(sync, "rollback")
     def _rollback(_: Any) -> None:
         rollbacks.inc()
+
+    @event.listens_for(sync, "before_cursor_execute")
+    def _statement(*_: Any) -> None:
+        # SQLAlchemy runs the driver in a greenlet that carries the request's context.
+        info = request_info()
+        transport = "none" if info is None else info.transport
+        counter = statements.get(transport)
+        if counter is None:
+            counter = statements[transport] = DB_STATEMENTS.labels(transport)
+        counter.inc()
 
 
 def relay_delivered(occurred_at_s: float) -> None:

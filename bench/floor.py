@@ -1,7 +1,12 @@
-"""The floor for bench/graphql_pools.py: a bare Starlette endpoint answering the dashboard
-page with one hand-written SQL statement that builds the whole JSON answer in PostgreSQL
-(the same bytes' worth of data as the GraphQL answer: same fields, order and cursors).
-No authentication, no IAM, no validation: the least work that answers the same data.
+"""The floor for bench/graphql_pools.py: bare Starlette endpoints answering each measured
+query with one hand-written SQL statement that builds the whole JSON answer in PostgreSQL
+(the same data as the service's answer: same fields, order and cursors). No
+authentication, no IAM, no validation: the least work that answers the same data.
+
+- `/dashboard?tenant&first&after`: the GraphQL dashboard page (`data.pools`)
+- `/pool?tenant&pool`: the GraphQL one-pool query (`data.pool` with its quotas)
+- `/rest/pools/get?tenant&pool`: REST `pools/get` as a guest tenant sees the pool
+  (`offers` is null: they are the owner's), the shape of app/rest/render.py
 
     BENCH_FLOOR_DSN=postgresql://... uvicorn bench.floor:app
 """
@@ -57,6 +62,30 @@ SELECT json_build_object('data', json_build_object('pool', json_build_object(
 FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
 """
 
+# Python's isoformat() with "Z" (app/rest/render.py): no fraction when it is zero.
+_TIMESTAMP = """to_char({col} AT TIME ZONE 'UTC', CASE WHEN extract(microseconds FROM {col})::int
+  % 1000000 = 0 THEN 'YYYY-MM-DD"T"HH24:MI:SS"Z"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"' END)"""
+
+REST_GET = f"""
+SELECT json_build_object('pool', json_build_object(
+  'id', p.id, 'tenantId', p.tenant_id, 'siteId', p.site_id, 'class', p.class,
+  'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', p.policy,
+  'providerAccountId', p.provider_account_id, 'region', p.region,
+  'owned', p.tenant_id = $1, 'archived', p.archived, 'version', p.version,
+  'quotas', COALESCE((SELECT json_agg(json_build_object(
+      'resource', q.resource, 'max', q.max, 'used', q.used,
+      'grant', CASE WHEN o.tenant_id IS NULL THEN NULL ELSE json_build_object(
+        'tenantId', q.tenant_id, 'includeDescendants', o.include_descendants,
+        'priority', o.priority, 'offeredAt', {_TIMESTAMP.format(col="o.created_at")}) END)
+      ORDER BY q.resource)
+    FROM quota_rows q LEFT JOIN offers o ON o.pool_id = q.pool_id AND o.tenant_id = q.tenant_id
+    WHERE q.pool_id = p.id AND q.tenant_id = $1), '[]'),
+  'offers', NULL,
+  'createdAt', {_TIMESTAMP.format(col="p.created_at")},
+  'updatedAt', {_TIMESTAMP.format(col="p.updated_at")}))::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
+"""
+
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,6 +114,17 @@ async def one_pool(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
+async def rest_get(request: Request) -> Response:
+    q = request.query_params
+    body = await request.app.state.pool.fetchval(REST_GET, q["tenant"], q["pool"])
+    return Response(body, media_type="application/json")
+
+
 app = Starlette(
-    routes=[Route("/dashboard", dashboard), Route("/pool", one_pool)], lifespan=lifespan
+    routes=[
+        Route("/dashboard", dashboard),
+        Route("/pool", one_pool),
+        Route("/rest/pools/get", rest_get),
+    ],
+    lifespan=lifespan,
 )

@@ -1,33 +1,45 @@
-"""Benchmark: the nested dashboard query over GraphQL against a floor (printed figures).
+"""Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST)
+against a floor, driven by a native load generator (printed figures, docs/performance.md).
 
-    .venv/bin/python -m bench.graphql_pools            # needs PostgreSQL at 127.0.0.1:5432
+    .venv/bin/python -m bench.graphql_pools            # about 6 minutes
+    .venv/bin/python -m bench.graphql_pools --quick    # a smoke test, under a minute
 
-Creates a fresh PostgreSQL database (dropped at the end), seeds 1,000 pools owned by a
-provider tenant and offers the first 10, 100, 200 and 1,000 of them to four tenants, each
-pool with 4 quota rows for the tenant and 3 capacity rows. Starts the real server
-(`uvicorn --factory app.server:app_from_env`) and the floor (bench/floor.py: one SQL
-statement that builds the JSON) as two uvicorn processes, checks they answer the same
-data, then drives each with 16 concurrent keep-alive connections (httpx) and a fixed
-number of requests. A "dashboard load" fetches every pool the tenant sees, in pages of
-up to 100 (`first`, following `endCursor`), so 200 pools are 2 requests and 1,000 are 10.
-Every figure is printed with its ratio to the floor.
+Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL). Installs `wrk` with apt-get on
+first use (bench/native_load.py; autocannon from npm when apt cannot).
+
+Creates a fresh PostgreSQL database (dropped at the end) and seeds 1,000 pools owned by a
+provider tenant, offered to four tenants who see the first 10, 100, 200 and 1,000 of them;
+each pool has 4 quota rows per tenant and 3 capacity rows. Starts the real service
+(`uvicorn --factory app.server:app_from_env`, one process) and the floor (bench/floor.py:
+one hand-written SQL statement per request builds the whole JSON answer, its own uvicorn
+process), checks that they answer the same data for every request below, then, for each
+query, runs wrk against the floor and the service in turn (16 connections, closed loop:
+the rate achieved is what each sustains), alternating them over the rounds, and last one
+connection at a time for the sequential latency. While each run lasts it reads the CPU
+time of the service, the floor, wrk, the PostgreSQL backends of the bench database and the
+whole machine, and from the service's /metrics the statements it sent per request.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+import asyncpg
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
@@ -45,16 +57,14 @@ from app.db.models import (
 from app.iam.callers import create_caller
 from app.ids import new_id
 from bench.database import bench_database
+from bench.native_load import HttpRequest, LoadGenerator, LoadResult, ensure_generator
 
-CONCURRENCY = 16
+CONNECTIONS = 16
+THREADS = 1  # wrk threads under load: one keeps up with these rates (its CPU is printed)
 SIZES = (10, 100, 200, 1000)
-MAIN_SIZE = 200
 PAGE = 100
-# Dashboard loads per run (GraphQL; the floor gets FLOOR_FACTOR times as many).
-LOADS = {10: 600, 100: 150, 200: 90, 1000: 48}  # at least 16 a round: every worker busy
-FLOOR_FACTOR = 5
-SMALL_REQUESTS = 600
-WARMUP = 16
+ONE_POOL_TENANT = 100  # the one-pool queries run as the tenant that sees 100 pools
+TICKS = os.sysconf("SC_CLK_TCK")
 
 DASHBOARD = """query Dashboard($tenantId: String!, $first: Int, $after: String) {
   pools(tenantId: $tenantId, first: $first, after: $after) {
@@ -71,6 +81,25 @@ SMALL = """query One($tenantId: String!, $poolId: ID!) {
 }"""
 
 
+@dataclass(frozen=True)
+class Plan:
+    seconds: float  # each run under load
+    rounds: int  # floor and service alternate, one run each per round
+    sequential_seconds: float
+    warmup_seconds: float
+    sizes: tuple[int, ...]  # dashboard sizes measured
+    quick: bool = False
+
+
+FULL = Plan(
+    seconds=10, rounds=2, sequential_seconds=5, warmup_seconds=2, sizes=(100, 10, 1000, 200)
+)
+# No warm-up run: the checks and the statement count before the runs warm both up.
+QUICK = Plan(
+    seconds=3, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
+)
+
+
 # --- database -----------------------------------------------------------------------
 
 
@@ -80,16 +109,19 @@ class Seeded:
     first_pool: str
 
 
+def tenant_of(size: int) -> str:
+    return f"tenant-{size}"
+
+
 async def seed(url: str) -> Seeded:
     """Rows as the domain writes them (owner offer and authz row, guest offers, authz rows
     and quota rows), inserted in bulk: the shape of the data is what is measured."""
     db = create_database(url)
     now = utcnow()
-    tenants = {size: f"tenant-{size}" for size in SIZES}
-    pools = [new_id("pool") for _ in range(max(SIZES))]
+    pools = sorted(new_id("pool") for _ in range(max(SIZES)))
     site = new_id("site")
     rows: dict[Any, list[dict[str, Any]]] = {
-        Tenant: [{"id": "provider"}] + [{"id": t} for t in tenants.values()],
+        Tenant: [{"id": "provider"}] + [{"id": tenant_of(s)} for s in SIZES],
         Site: [{"id": site, "tenant_id": "provider", "kind": "custom", "region": "eu-west"}],
         Pool: [],
         Offer: [],
@@ -127,7 +159,7 @@ async def seed(url: str) -> Seeded:
                     "booked": i % 3,
                 }
             )
-        holders = ["provider"] + [t for size, t in tenants.items() if i < size]
+        holders = ["provider"] + [tenant_of(s) for s in SIZES if i < s]
         for tenant in holders:
             owned = tenant == "provider"
             rows[Offer].append({"pool_id": pool_id, "tenant_id": tenant, "created_at": now})
@@ -154,14 +186,16 @@ async def seed(url: str) -> Seeded:
         for model in (Tenant, Site, Pool, Offer, AuthzRow, QuotaRow, CapacityRow):
             for start in range(0, len(rows[model]), 2000):
                 await conn.execute(insert(model), rows[model][start : start + 2000])
+        # Fresh tables: give the planner its statistics, as autovacuum would soon.
+        await conn.exec_driver_sql("ANALYZE")
     tokens = {}
-    for size, tenant in tenants.items():
-        _, tokens[size] = await create_caller(db, tenant, "viewer")
+    for size in SIZES:
+        _, tokens[size] = await create_caller(db, tenant_of(size), "viewer")
     await db.dispose()
     return Seeded(tokens, pools[0])
 
 
-# --- servers ------------------------------------------------------------------------
+# --- processes ----------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -170,7 +204,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(target: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+def start_server(
+    target: list[str], env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A uvicorn process, its output in `log`."""
     port = free_port()
     command = [
         sys.executable,
@@ -185,15 +222,20 @@ def start_server(target: list[str], env: dict[str, str]) -> tuple[subprocess.Pop
         "warning",
         "--no-access-log",
     ]
-    process = subprocess.Popen(command, env={**os.environ, **env})
-    for _ in range(200):
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+        )
+    for _ in range(600):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.1):
                 return process, port
         except OSError:
+            if process.poll() is not None:
+                break
             time.sleep(0.05)
     process.kill()
-    raise RuntimeError(f"server {target} did not start")
+    raise RuntimeError(f"server {target} did not start:\n{log.read_text()}")
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
@@ -202,194 +244,564 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         process.wait(10)
     except subprocess.TimeoutExpired:
         process.kill()
+        process.wait()
 
 
-# --- load ---------------------------------------------------------------------------
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores; idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICKS
 
 
 @dataclass
-class Figures:
-    per_second: float
-    p50_ms: float
-    p99_ms: float
+class Processes:
+    service: int
+    floor: int
+    database: str
+    monitor: asyncpg.Connection
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the service, the floor and the whole machine."""
+        return {
+            "service": cpu_s(self.service),
+            "floor": cpu_s(self.floor),
+            "machine": machine_busy_s(),
+        }
 
-ROUNDS = 3  # floor and GraphQL alternate, so a burst of load elsewhere hits both
-
-
-async def compare(
-    count: int,
-    floor: Callable[[], Awaitable[object]],
-    measured: Callable[[], Awaitable[object]],
-) -> tuple[Figures, Figures]:
-    """The floor gets FLOOR_FACTOR times `count` calls, GraphQL `count`, in ROUNDS turns."""
-    for one in (floor, measured):
-        for _ in range(WARMUP):
-            await one()
-    runs: tuple[list[tuple[float, list[float]]], list[tuple[float, list[float]]]] = ([], [])
-    for _ in range(ROUNDS):
-        runs[0].append(await drive(count * FLOOR_FACTOR // ROUNDS, floor))
-        runs[1].append(await drive(count // ROUNDS, measured))
-    return _figures(runs[0]), _figures(runs[1])
-
-
-def _figures(runs: list[tuple[float, list[float]]]) -> Figures:
-    elapsed = sum(e for e, _ in runs)
-    latencies = sorted(x for _, lat in runs for x in lat)
-    return Figures(
-        per_second=len(latencies) / elapsed,
-        p50_ms=statistics.median(latencies) * 1000,
-        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-    )
-
-
-async def drive(count: int, one: Callable[[], Awaitable[object]]) -> tuple[float, list[float]]:
-    """`count` calls of `one` over CONCURRENCY workers: (elapsed seconds, latencies)."""
-    latencies: list[float] = []
-    remaining = count
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            start = time.perf_counter()
-            await one()
-            latencies.append(time.perf_counter() - start)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return time.perf_counter() - started, latencies
-
-
-class Clients:
-    def __init__(self, graphql_port: int, floor_port: int) -> None:
-        limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-        self.graphql = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{graphql_port}", limits=limits, timeout=120
+    async def backends_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each PostgreSQL backend connected to the bench database."""
+        rows = await self.monitor.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            self.database,
         )
-        self.floor = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{floor_port}", limits=limits, timeout=120
-        )
+        return {row["pid"]: cpu_s(row["pid"]) for row in rows}
 
-    async def close(self) -> None:
-        await self.graphql.aclose()
-        await self.floor.aclose()
 
-    async def graphql_load(self, token: str, tenant: str, size: int) -> list[Any]:
-        nodes: list[Any] = []
-        after = None
+class BackendsCpu:
+    """The CPU the bench database's backends spend over a run. The service's pool opens
+    and closes connections under load (its overflow), so the backends are looked up every
+    0.2 s and each one's latest figure kept: one that ends between two looks loses at
+    most those 0.2 s."""
+
+    def __init__(self, processes: Processes) -> None:
+        self.processes = processes
+        self.first: dict[int, float] = {}
+        self.latest: dict[int, float] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self.first = await self.processes.backends_cpu()
+        self.latest = dict(self.first)
+        self.task = asyncio.create_task(self._follow())
+
+    async def _look(self) -> None:
+        for pid, seconds in (await self.processes.backends_cpu()).items():
+            self.latest[pid] = max(seconds, self.latest.get(pid, 0.0))  # 0 once it is gone
+
+    async def _follow(self) -> None:
         while True:
-            response = await self.graphql.post(
-                "/graphql",
-                json={
-                    "query": DASHBOARD,
-                    "variables": {"tenantId": tenant, "first": min(size, PAGE), "after": after},
-                },
-                headers={"authorization": f"Bearer {token}"},
-            )
-            page = response.json()
-            if "errors" in page:
-                raise RuntimeError(page["errors"])
-            pools = page["data"]["pools"]
-            nodes.extend(pools["nodes"])
-            if not pools["pageInfo"]["hasNextPage"]:
-                return nodes
-            after = pools["pageInfo"]["endCursor"]
+            try:
+                await asyncio.wait_for(self.stopping.wait(), 0.2)
+                return
+            except TimeoutError:
+                await self._look()
 
-    async def floor_load(self, tenant: str, size: int) -> list[Any]:
-        nodes: list[Any] = []
-        params = {"tenant": tenant, "first": str(min(size, PAGE))}
-        while True:
-            page = (await self.floor.get("/dashboard", params=params)).json()
-            pools = page["data"]["pools"]
-            nodes.extend(pools["nodes"])
-            if not pools["pageInfo"]["hasNextPage"]:
-                return nodes
-            params["after"] = pools["pageInfo"]["endCursor"]
+    async def stop(self) -> float:
+        assert self.task is not None
+        self.stopping.set()  # not cancelled: a look in progress ends its query first
+        await self.task
+        await self._look()
+        return sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.latest.items())
 
 
-def ratio_line(name: str, measured: Figures, floor: Figures) -> str:
-    return (
-        f"{name:<34} {measured.per_second:9.1f}/s ({measured.per_second / floor.per_second:6.3f})"
-        f"  p50 {measured.p50_ms:8.1f} ms ({measured.p50_ms / floor.p50_ms:6.2f}x)"
-        f"  p99 {measured.p99_ms:8.1f} ms ({measured.p99_ms / floor.p99_ms:6.2f}x)"
-    )
-
-
-async def main() -> None:
-    async with bench_database() as url:
-        await measure(url)
-
-
-async def measure(url: str) -> None:
-    servers: list[subprocess.Popen[bytes]] = []
+def uptime() -> str:
     try:
-        seeded = await seed(url)
-        graphql, graphql_port = start_server(
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        one, five, fifteen = os.getloadavg()
+        return f"load average: {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+# --- the service's own counts ---------------------------------------------------------
+
+
+def metric_samples(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    return sum(value for _, value in metric_samples(text, name, **labels))
+
+
+@dataclass(frozen=True)
+class Counts:
+    requests: float
+    statements: float
+    errors: dict[str, float]  # by error code
+
+    def __sub__(self, other: Counts) -> Counts:
+        errors = {k: v - other.errors.get(k, 0.0) for k, v in self.errors.items()}
+        return Counts(
+            self.requests - other.requests,
+            self.statements - other.statements,
+            {k: v for k, v in errors.items() if v},
+        )
+
+
+async def service_counts(client: httpx.AsyncClient, transport: str) -> Counts:
+    text = (await client.get("/metrics")).text
+    errors = metric_samples(text, "bettercompute_errors_total", transport=transport)
+    return Counts(
+        requests=metric_sum(
+            text, "bettercompute_request_duration_seconds_count", transport=transport
+        ),
+        statements=metric_sum(text, "bettercompute_db_statements_total", transport=transport),
+        errors={labels["code"]: value for labels, value in errors},
+    )
+
+
+async def settled_counts(client: httpx.AsyncClient, transport: str) -> Counts:
+    """The counts once the requests wrk left in flight have finished (they still run):
+    unchanged for a second. Only the errors of a run are checked against these."""
+    counts = await service_counts(client, transport)
+    unchanged = 0
+    for _ in range(300):
+        await asyncio.sleep(0.1)
+        again = await service_counts(client, transport)
+        unchanged = unchanged + 1 if again == counts else 0
+        if unchanged == 10:
+            break
+        counts = again
+    return counts
+
+
+# --- the queries --------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    transport: str  # the service's metrics label
+    service: list[HttpRequest]
+    floor: list[HttpRequest]
+    statements: float = 0.0  # per request, counted by the service
+
+
+async def count_statements(client: httpx.AsyncClient, case: Case, at_least: int = 20) -> float:
+    """Statements per request, from the service's counter over requests sent one at a time
+    (under wrk, the requests cut off at the end of a run would blur the count)."""
+    before = await service_counts(client, case.transport)
+    sent = 0
+    while sent < at_least:
+        for request in case.service:
+            await send(client, request)
+            sent += 1
+    counted = await service_counts(client, case.transport) - before
+    assert counted.requests == sent and not counted.errors, counted
+    return counted.statements / sent
+
+
+def graphql_request(token: str, query: str, variables: dict[str, Any]) -> HttpRequest:
+    return HttpRequest(
+        "POST",
+        "/graphql",
+        {"content-type": "application/json", "authorization": f"Bearer {token}"},
+        json.dumps({"query": query, "variables": variables}, separators=(",", ":")),
+    )
+
+
+def floor_request(path: str, **params: str) -> HttpRequest:
+    return HttpRequest("GET", f"{path}?{urlencode(params)}", {})
+
+
+async def send(client: httpx.AsyncClient, request: HttpRequest) -> Any:
+    response = await client.request(
+        request.method, request.path, headers=request.headers, content=request.body
+    )
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"{request.method} {request.path}: {response.status_code} {response.text}"
+        )
+    return response.json()
+
+
+async def dashboard_case(
+    size: int, token: str, service: httpx.AsyncClient, floor: httpx.AsyncClient
+) -> Case:
+    """Every page of the tenant's pools, following endCursor: the requests wrk rotates
+    through, each checked against the floor's answer for the same page."""
+    tenant = tenant_of(size)
+    service_requests, floor_requests = [], []
+    after: str | None = None
+    seen = 0
+    while True:
+        variables = {"tenantId": tenant, "first": min(size, PAGE), "after": after}
+        ours = graphql_request(token, DASHBOARD, variables)
+        params = {"tenant": tenant, "first": str(min(size, PAGE))}
+        theirs = floor_request("/dashboard", **params, **({"after": after} if after else {}))
+        answer = await send(service, ours)
+        if "errors" in answer:
+            raise RuntimeError(answer["errors"])
+        if answer["data"] != (await send(floor, theirs))["data"]:  # the service adds its cost
+            raise RuntimeError(f"floor and service disagree on {tenant}'s page after {after}")
+        service_requests.append(ours)
+        floor_requests.append(theirs)
+        page = answer["data"]["pools"]
+        seen += len(page["nodes"])
+        if not page["pageInfo"]["hasNextPage"]:
+            break
+        after = page["pageInfo"]["endCursor"]
+    assert seen == size, (seen, size)
+    pages = len(service_requests)
+    name = f"dashboard, {size:,} pools" + (f" ({pages} pages of {PAGE})" if pages > 1 else "")
+    return Case(name, "graphql", service_requests, floor_requests)
+
+
+async def one_pool_cases(
+    seeded: Seeded, service: httpx.AsyncClient, floor: httpx.AsyncClient
+) -> list[Case]:
+    token, tenant, pool = (
+        seeded.tokens[ONE_POOL_TENANT],
+        tenant_of(ONE_POOL_TENANT),
+        seeded.first_pool,
+    )
+    small = graphql_request(token, SMALL, {"tenantId": tenant, "poolId": pool})
+    small_floor = floor_request("/pool", tenant=tenant, pool=pool)
+    rest = HttpRequest(
+        "POST",
+        "/api/compute/pools/get",
+        {"content-type": "application/json", "authorization": f"Bearer {token}"},
+        json.dumps({"tenantId": tenant, "poolId": pool}, separators=(",", ":")),
+    )
+    rest_floor = floor_request("/rest/pools/get", tenant=tenant, pool=pool)
+    for ours, theirs, key in ((small, small_floor, "data"), (rest, rest_floor, "pool")):
+        answer = await send(service, ours)
+        if answer.get(key) is None or answer[key] != (await send(floor, theirs))[key]:
+            raise RuntimeError(f"floor and service disagree on {ours.path}: {answer}")
+    return [
+        Case("one pool with its quotas (GraphQL)", "graphql", [small], [small_floor]),
+        Case("one pool, REST pools/get", "rest", [rest], [rest_floor]),
+    ]
+
+
+# --- runs ---------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    load: LoadResult
+    cpu_s: dict[str, float]  # service, floor, wrk, postgres, machine
+    counts: Counts | None = None  # the service's, over the run
+
+
+@dataclass
+class Side:
+    """One target's runs of one query."""
+
+    runs: list[Run] = field(default_factory=list)
+    sequential: Run | None = None
+
+    @property
+    def per_second(self) -> float:
+        return sum(r.load.requests for r in self.runs) / sum(r.load.seconds for r in self.runs)
+
+    def mean(self, attribute: str) -> float:
+        return sum(float(getattr(r.load, attribute)) for r in self.runs) / len(self.runs)
+
+
+@dataclass
+class Bench:
+    generator: LoadGenerator
+    processes: Processes
+    service_url: str
+    floor_url: str
+    service_client: httpx.AsyncClient
+
+    async def run(
+        self,
+        case: Case,
+        target: str,
+        *,
+        connections: int,
+        threads: int,
+        seconds: float,
+    ) -> Run:
+        requests = case.service if target == "service" else case.floor
+        url = self.service_url if target == "service" else self.floor_url
+        before_counts = (
+            await service_counts(self.service_client, case.transport)
+            if target == "service"
+            else None
+        )
+        backends = BackendsCpu(self.processes)
+        await backends.start()
+        before = self.processes.cpu()
+        try:
+            load = await asyncio.to_thread(
+                self.generator.run,
+                url,
+                requests,
+                connections=connections,
+                threads=threads,
+                seconds=seconds,
+            )
+            after = self.processes.cpu()
+        finally:
+            postgres = await backends.stop()
+        used = {k: after[k] - before[k] for k in after} | {"wrk": load.cpu_s, "postgres": postgres}
+        run = Run(load, used)
+        if before_counts is not None:
+            run.counts = await settled_counts(self.service_client, case.transport) - before_counts
+            # wrk stops with a request in flight on each connection: those the service had
+            # not read yet end in ClientDisconnect. More than that is a failure.
+            if sum(run.counts.errors.values()) > connections:
+                raise RuntimeError(f"{case.name}: the service answered {run.counts.errors}")
+        if load.errors:
+            raise RuntimeError(f"{case.name}, {target}: {load.errors} failed requests")
+        if not load.requests:
+            raise RuntimeError(f"{case.name}, {target}: no answer within {seconds:g} s")
+        return run
+
+
+async def measure_case(bench: Bench, case: Case, plan: Plan) -> dict[str, Side]:
+    sides = {"floor": Side(), "service": Side()}
+    for target in sides if plan.warmup_seconds else ():  # caches, pools, the planner
+        await bench.run(
+            case, target, connections=CONNECTIONS, threads=THREADS, seconds=plan.warmup_seconds
+        )
+    for round_ in range(plan.rounds):
+        order = ("floor", "service") if round_ % 2 == 0 else ("service", "floor")
+        for target in order:
+            sides[target].runs.append(
+                await bench.run(
+                    case, target, connections=CONNECTIONS, threads=THREADS, seconds=plan.seconds
+                )
+            )
+    for target in ("floor", "service"):
+        sides[target].sequential = await bench.run(
+            case, target, connections=1, threads=1, seconds=plan.sequential_seconds
+        )
+    return sides
+
+
+# --- the report ---------------------------------------------------------------------
+
+
+def cpu_percent(run: Run, name: str) -> float:
+    if name == "others":
+        ours = sum(run.cpu_s[k] for k in ("service", "floor", "wrk", "postgres"))
+        return 100 * (run.cpu_s["machine"] - ours) / run.load.seconds
+    return 100 * run.cpu_s[name] / run.load.seconds
+
+
+def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
+    header = (
+        f"{'query':<40} {'floor/s':>8} {'service/s':>9} {'ratio':>6}  "
+        f"{'floor p50/p99 ms':>17}  {'service p50/p99 ms':>18}  {'stmts/req':>9}  "
+        f"{'seq p50 floor/service ms':>24} {'x':>6}"
+    )
+    print("\n" + header)
+    print("-" * len(header))
+    for case, sides in results:
+        floor, service = sides["floor"], sides["service"]
+        assert floor.sequential is not None and service.sequential is not None
+        statements = case.statements
+        seq_floor, seq_service = floor.sequential.load.p50_ms, service.sequential.load.p50_ms
+        print(
+            f"{case.name:<40} {floor.per_second:8.1f} {service.per_second:9.1f} "
+            f"{service.per_second / floor.per_second:6.3f}  "
+            f"{floor.mean('p50_ms'):8.1f}/{floor.mean('p99_ms'):<8.1f}  "
+            f"{service.mean('p50_ms'):9.1f}/{service.mean('p99_ms'):<8.1f}  "
+            f"{statements:9.2f}  "
+            f"{seq_floor:11.2f}/{seq_service:<12.2f} {seq_service / seq_floor:5.1f}x"
+        )
+
+    print(
+        "\nWhat limits each run: the rate asked (closed loop: saturate with N connections) and"
+        " achieved, and the CPU of each process over the run, % of one core (postgres: the"
+        " backends of the bench database; machine: all of its"
+        f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%; others: the machine"
+        " less the processes of the bench, what else ran)"
+    )
+    header = (
+        f"{'query':<40} {'target':<8} {'asked':<18} {'req/s':>8} {'p50 ms':>8}  "
+        f"{'service':>7} {'floor':>6} {'wrk':>5} {'postgres':>8} {'machine':>7} {'others':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for case, sides in results:
+        for target in ("floor", "service"):
+            side = sides[target]
+            assert side.sequential is not None
+            labelled = [(f"saturate, {CONNECTIONS} conns", r) for r in side.runs]
+            labelled.append(("saturate, 1 conn", side.sequential))
+            for asked, run in labelled:
+                print(
+                    f"{case.name:<40} {target:<8} {asked:<18} {run.load.per_second:8.1f} "
+                    f"{run.load.p50_ms:8.2f}  "
+                    + " ".join(
+                        f"{cpu_percent(run, name):{width}.0f}%"
+                        for name, width in (
+                            ("service", 6),
+                            ("floor", 5),
+                            ("wrk", 4),
+                            ("postgres", 7),
+                            ("machine", 6),
+                            ("others", 5),
+                        )
+                    )
+                )
+
+
+def print_logs(logs: Path) -> None:
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- the end of {log.name}:\n{log.read_text()[-4000:]}", file=sys.stderr)
+
+
+async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) -> None:
+    servers: list[subprocess.Popen[bytes]] = []
+    database = make_url(url).database
+    assert database is not None
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    started = time.perf_counter()
+    seeded = await seed(url)
+    print(f"seeded 1,000 pools in {time.perf_counter() - started:.1f} s", flush=True)
+    monitor = await asyncpg.connect(dsn)
+    try:
+        service, service_port = start_server(
             ["--factory", "app.server:app_from_env"],
             {"BETTERCOMPUTE_DATABASE_URL": url},
+            logs / "service.log",
         )
-        servers.append(graphql)
-        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        floor, floor_port = start_server(["bench.floor:app"], {"BENCH_FLOOR_DSN": dsn})
+        servers.append(service)
+        floor, floor_port = start_server(
+            ["bench.floor:app"], {"BENCH_FLOOR_DSN": dsn}, logs / "floor.log"
+        )
         servers.append(floor)
-        clients = Clients(graphql_port, floor_port)
-        try:
-            await report(clients, seeded)
-        finally:
-            await clients.close()
+        service_url, floor_url = (
+            f"http://127.0.0.1:{service_port}",
+            f"http://127.0.0.1:{floor_port}",
+        )
+        async with (
+            httpx.AsyncClient(base_url=service_url, timeout=60) as service_client,
+            httpx.AsyncClient(base_url=floor_url, timeout=60) as floor_client,
+        ):
+            cases = [
+                await dashboard_case(size, seeded.tokens[size], service_client, floor_client)
+                for size in plan.sizes
+            ]
+            cases[1:1] = await one_pool_cases(seeded, service_client, floor_client)
+            for case in cases:
+                case.statements = await count_statements(service_client, case)
+            print(
+                "floor and service answer the same data for every request measured "
+                f"({sum(len(c.service) for c in cases)} requests)",
+                flush=True,
+            )
+            bench = Bench(
+                generator,
+                Processes(service.pid, floor.pid, database, monitor),
+                service_url,
+                floor_url,
+                service_client,
+            )
+            results = []
+            for case in cases:
+                results.append((case, await measure_case(bench, case, plan)))
+                print(f"  measured {case.name}", flush=True)
+        print_tables(results)
+        cut_off: dict[str, float] = {}
+        for _, sides in results:
+            for r in sides["service"].runs:
+                for code, n in (r.counts.errors if r.counts else {}).items():
+                    cut_off[code] = cut_off.get(code, 0) + n
+        if cut_off:
+            print(
+                f"errors the service counted, at most {CONNECTIONS} a run (the requests wrk"
+                f" cut off when it stopped): {cut_off}"
+            )
+    except BaseException:
+        print_logs(logs)
+        raise
     finally:
         for process in servers:
             stop_server(process)
+        await monitor.close()
 
 
-async def report(clients: Clients, seeded: Seeded) -> None:
-    print(f"concurrency {CONCURRENCY} connections; ratios are to the floor (one SQL statement)")
-    print(
-        "dashboard: id class gpuModel sharing region owned archived version, "
-        "quotas{resource max used} x4, capacity{resource available} x3 per pool "
-        "(28 fields a pool)"
+async def run(plan: Plan, prefer: str) -> None:
+    generator = ensure_generator(prefer)
+    version = generator_version(generator)
+    warm_up = (
+        f"a {plan.warmup_seconds:g} s warm-up run of each"
+        if plan.warmup_seconds
+        else "the checks (no warm-up run)"
     )
-    for size in (MAIN_SIZE, *[s for s in SIZES if s != MAIN_SIZE]):
-        token, tenant = seeded.tokens[size], f"tenant-{size}"
-        same = await clients.graphql_load(token, tenant, size)
-        assert same == await clients.floor_load(tenant, size), "floor and GraphQL disagree"
-        assert len(same) == size
-        floor, measured = await compare(
-            LOADS[size],
-            lambda t=tenant, s=size: clients.floor_load(t, s),
-            lambda k=token, t=tenant, s=size: clients.graphql_load(k, t, s),
-        )
-        pages = -(-size // PAGE)
-        print(
-            f"\nnested dashboard, {size} pools ({pages} page{'s' * (pages > 1)} per load, "
-            f"{size * 28:,} fields)"
-        )
-        print(ratio_line("  floor (loads/s)", floor, floor))
-        print(ratio_line("  GraphQL (loads/s)", measured, floor))
-        print(f"  GraphQL p50 per pool: {measured.p50_ms / size * 1000:.0f} us")
+    print(f"uptime at start: {uptime()}")
+    print(
+        f"load: {version}; asked: saturate, {CONNECTIONS} connections on {THREADS} thread "
+        f"(closed loop: each connection sends its next request when its answer arrives), "
+        f"{plan.seconds:g} s a run, {plan.rounds} round{'s' * (plan.rounds > 1)} alternating "
+        f"floor and service after {warm_up}; sequential: 1 connection, 1 thread, "
+        f"{plan.sequential_seconds:g} s"
+    )
+    print(
+        "service: uvicorn --factory app.server:app_from_env, one process; floor: bench/floor.py,"
+        " one SQL statement per request building the JSON, its own uvicorn process"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-graphql-pools-") as logs:
+        async with bench_database() as url:
+            await measure(url, plan, generator, Path(logs))
+    print(
+        "\nfloor/s, service/s: requests (pages) per second under load; p50/p99 the mean of the"
+        " rounds' percentiles. stmts/req: the service's bettercompute_db_statements_total for"
+        " the query's transport over 20 or more requests sent one at a time (SQL statements;"
+        " BEGIN, ROLLBACK and pool pings not counted). seq p50: one connection, one thread;"
+        " x: the service's over the floor's. Paged: one request is one page; a dashboard"
+        " load is its pages in turn."
+    )
+    if plan.quick:
+        print("quick run: short runs, figures for a smoke test only")
+    print(f"uptime at end: {uptime()}")
 
-    token, tenant, pool_id = seeded.tokens[MAIN_SIZE], f"tenant-{MAIN_SIZE}", seeded.first_pool
-    headers = {"authorization": f"Bearer {token}"}
-    body = {"query": SMALL, "variables": {"tenantId": tenant, "poolId": pool_id}}
 
-    async def small_graphql() -> None:
-        answer = (await clients.graphql.post("/graphql", json=body, headers=headers)).json()
-        assert "errors" not in answer
+def generator_version(generator: LoadGenerator) -> str:
+    if generator.name == "wrk":
+        done = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+        first = (done.stdout or done.stderr).splitlines()
+        return first[0].split(" [")[0] if first else "wrk"
+    return generator.name
 
-    async def small_floor() -> None:
-        (await clients.floor.get("/pool", params={"tenant": tenant, "pool": pool_id})).json()
 
-    graphql_answer = (await clients.graphql.post("/graphql", json=body, headers=headers)).json()
-    floor_answer = (
-        await clients.floor.get("/pool", params={"tenant": tenant, "pool": pool_id})
-    ).json()
-    assert graphql_answer == floor_answer, (graphql_answer, floor_answer)
-    floor, measured = await compare(SMALL_REQUESTS, small_floor, small_graphql)
-    print("\nsmall query: one pool with its quotas")
-    print(ratio_line("  floor (requests/s)", floor, floor))
-    print(ratio_line("  GraphQL (requests/s)", measured, floor))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs: a smoke test")
+    parser.add_argument(
+        "--generator",
+        choices=("wrk", "autocannon"),
+        default="wrk",
+        help="the load generator to try first (the other is the fallback)",
+    )
+    args = parser.parse_args(argv)
+    asyncio.run(run(QUICK if args.quick else FULL, args.generator))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

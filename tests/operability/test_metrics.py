@@ -69,6 +69,8 @@ async def test_metrics_move_with_traffic(database_url: str, fleet: Fleet) -> Non
     assert moved(ERRORS, transport="rest", code="NOT_FOUND") == 1
     assert moved(ERRORS, transport="graphql", code="UNAUTHENTICATED") == 1
     assert moved("bettercompute_db_transactions_total", outcome="commit") >= 1  # the create
+    # The create and the two gets each read or write their pool, under their transport.
+    assert moved("bettercompute_db_statements_total", transport="rest") >= 3
     assert moved("bettercompute_relay_delivery_seconds_count") >= 1  # its event
     assert value(after, "bettercompute_outbox_lag_events") == 0
     assert value(after, "bettercompute_broker_connected") == 1
