@@ -57,6 +57,11 @@ class Settings(BaseSettings):
         "GraphQL: static cost of one operation; the default fits one page of 100 pools with "
         "every field, offers and quota rows at their bounds (docs/graphql.md)",
     )
+    fast_path: bool = setting(
+        True,
+        "GraphQL's fast paths: reads compiled into one statement per query text, the "
+        "executor's plain-attribute fields (false: stock Strawberry and graphql-core)",
+    )
     max_body_bytes: int = setting(
         1_048_576, "request bodies (REST and GraphQL) past this size are refused with 413"
     )
@@ -99,6 +104,11 @@ class Settings(BaseSettings):
     # The database connection budget per process and how long anything may wait on the
     # database (README "Connection budget"); past a bound a request answers UNAVAILABLE.
     db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
+    db_direct_pool_size: int = setting(
+        10,
+        "PostgreSQL connections per process for compiled GraphQL reads (one statement each, "
+        "no transaction, no ping); opened on demand; 0: they borrow from the pool above",
+    )
     db_max_overflow: int = setting(
         10, "PostgreSQL connections per process opened beyond the pool under load"
     )

@@ -39,6 +39,12 @@ ERRORS = Counter(
     "Failed requests (and GraphQL errors) by transport and error code",
     ["transport", "code"],
 )
+COMPILED_READS = Counter(
+    "bettercompute_compiled_reads_total",
+    "GraphQL reads with a compiled plan: answered by its one statement, or declined to "
+    "the plain path (an error to report, a caller whose decisions differ per pool...)",
+    ["outcome"],
+)
 DB_IN_USE = Gauge(
     "bettercompute_db_connections_in_use",
     "Database connections checked out of the pool",

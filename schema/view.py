@@ -3,6 +3,8 @@ errors (with `extensions.code`) for requests it refuses before any GraphQL runs.
 
 from __future__ import annotations
 
+import logging
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
@@ -26,9 +28,13 @@ from app.capacity.errors import DomainError
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.iam.callers import bearer_token_hash
+from app.iam.principal import Principal
+from app.metrics import COMPILED_READS
 from app.observe import record_code, request_info
 from app.rate_limit import RateLimiter
 from app.rest.responses import JSONResponse
+from schema.compiled_reads import CompiledReads
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_html
@@ -39,6 +45,7 @@ from schema.http_media import (
     request_error_status,
     response_media,
 )
+from schema.limits import MAX_REPORTED_COST, operation_cost
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
     BackendUnavailable,
@@ -46,6 +53,11 @@ from schema.websockets import (
     TextFrames,
     TransportWSHandler,
 )
+
+logger = logging.getLogger(__name__)
+# Whether the plain path's operation ran without errors: its query text may then be
+# planned for the compiled path.
+_clean_run: ContextVar[bool] = ContextVar("clean_run", default=False)
 
 
 class GraphQLView(GraphQL[Context, None]):
@@ -68,6 +80,11 @@ class GraphQLView(GraphQL[Context, None]):
         )
         self.persisted = PersistedQueries(settings.persisted_queries, manifest)
         self._graphiql_html = graphiql_html(settings.web_assets_dir) if settings.graphiql else ""
+        self.compiled = (
+            CompiledReads(schema._schema, settings.max_query_cost)  # type: ignore[attr-defined]
+            if settings.fast_path
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -84,27 +101,34 @@ class GraphQLView(GraphQL[Context, None]):
             )(scope, receive, send)
             return
         context = self._context(request, None)
+        capacity: Capacity = request.app.state.capacity
+        # A caller this process has seen may be answered by a compiled read, whose one
+        # statement checks the token again (schema/compiled_reads.py); any other request
+        # is authenticated here, before the body is read or parsed (docs/decisions/0001).
+        hashed = self._compiled_token(request)
+        remembered = capacity.principals.get(hashed) if hashed is not None else None
         if _needs_token(request):
-            # Before the body is read or parsed (docs/decisions/0001); the context keeps
-            # the principal for the resolvers.
-            try:
-                principal = await context.principal()
-                # The caller's request budget, right after authentication (app/rate_limit.py).
-                info = request_info()
-                if info is not None:
-                    info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
-                limiter: RateLimiter = request.app.state.rate_limiter
-                await limiter.charge_request(principal.caller_id, info)
-            except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
-                # The answer a resolver gave before: 200, data null, the code in errors
-                # (401 without data under application/graphql-response+json); a database
-                # out of reach is 503 with Retry-After, as every other failure.
-                error = to_domain_error(exc)
-                status = error.http_status if error.code in _HTTP_STATUS_CODES else 200
-                await refused_with(error, status_code=status)(scope, receive, send)
+            refusal = await self._admit(context, remembered)
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
+        key: tuple[str, str | None] | None = None
         try:
+            if hashed is not None:
+                principal = remembered or await context.principal()
+                capacity.principals.put(hashed, principal)
+                key, response = await self._compiled_answer(request, context, principal, hashed)
+                if response is not None:
+                    await response(scope, receive, send)
+                    return
+                if remembered is not None:  # not answered: authenticate now, as usual
+                    refusal = await self._admit(context, None, charge=False)
+                    if refusal is not None:
+                        await refusal(scope, receive, send)
+                        return
             response = await self.run(request, context=context)
+            if key is not None and _clean_run.get() and self.compiled is not None:
+                self.compiled.learn(*key)
         except HTTPException as exc:
             response = refused(exc.status_code, exc.reason)
         except PersistedQueryError as exc:
@@ -113,6 +137,86 @@ class GraphQLView(GraphQL[Context, None]):
             error = to_domain_error(exc)  # logs what it masks
             response = refused_with(error, status_code=error.http_status)
         await response(scope, receive, send)
+
+    async def _admit(
+        self, context: Context, remembered: Principal | None, *, charge: bool = True
+    ) -> Response | None:
+        """Authenticate (unless the caller is `remembered`, to be checked by a compiled
+        read's statement) and charge the caller's request budget (app/rate_limit.py);
+        the refusal to send when either fails."""
+        try:
+            principal = remembered or await context.principal()
+            info = request_info()
+            if info is not None:
+                info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
+            if charge:
+                limiter: RateLimiter = context.request.app.state.rate_limiter
+                await limiter.charge_request(principal.caller_id, info)
+        except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
+            # The answer a resolver gave before: 200, data null, the code in errors
+            # (401 without data under application/graphql-response+json); a database
+            # out of reach is 503 with Retry-After, as every other failure.
+            error = to_domain_error(exc)
+            status = error.http_status if error.code in _HTTP_STATUS_CODES else 200
+            return refused_with(error, status_code=status)
+        return None
+
+    def _compiled_token(self, request: Request) -> str | None:
+        """The token's hash when this request may take the compiled read path: a POST of
+        JSON with a well-formed bearer token, no cost budget to charge per operation."""
+        if (
+            self.compiled is None
+            or request.method != "POST"
+            or "application/json" not in request.headers.get("content-type", "")
+            or request.app.state.rate_limiter.cost is not None
+        ):
+            return None
+        try:
+            return bearer_token_hash(request.headers.get("authorization"))
+        except DomainError:
+            return None
+
+    async def _compiled_answer(
+        self, request: Request, context: Context, principal: Principal, hashed: str
+    ) -> tuple[tuple[str, str | None] | None, Response | None]:
+        """The request's (query, operationName), and the compiled read's response when
+        the plan and the domain give one (None: the plain path answers)."""
+        assert self.compiled is not None
+        body = self.decode_json(await request.body())
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+            return None, None
+        name, variables = body.get("operationName"), body.get("variables")
+        if not isinstance(name, str | None) or not isinstance(variables, dict | None):
+            return None, None
+        query = self.persisted.resolve(body["query"], body.get("extensions"))
+        if query is None:
+            return None, None
+        key = (query, name)
+        plan = self.compiled.plan(query, name)
+        prepared = (
+            self.compiled.prepare(plan, variables, context.capacity) if plan is not None else None
+        )
+        if prepared is None:
+            return key, None
+        try:
+            data = await context.capacity.read_json(principal, hashed, prepared.read, prepared.args)
+        except Exception:  # the plain path meets the same fault and reports it
+            logger.debug("compiled read failed; answering on the plain path", exc_info=True)
+            COMPILED_READS.labels("declined").inc()
+            return key, None
+        if data is None:
+            # Not answered (maybe a revoked token): the plain path authenticates anew.
+            context.capacity.principals.drop(hashed)
+            COMPILED_READS.labels("declined").inc()
+            return key, None
+        COMPILED_READS.labels("answered").inc()
+        info = request_info()
+        if info is not None:
+            info.graphql_operation(name)
+        operation_cost(context, min(prepared.cost, MAX_REPORTED_COST))
+        result = ExecutionResult(data=data, errors=None)
+        processed = await self.process_result(request, result)
+        return key, self.create_response(processed, await self.get_sub_response(request))
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
@@ -178,6 +282,7 @@ class GraphQLView(GraphQL[Context, None]):
     ) -> GraphQLHTTPResponse:
         # ErrorCodes has coded every error of an operation; this also covers a failure
         # strawberry reports outside the operation's hooks.
+        _clean_run.set(not result.errors)
         if result.errors:
             result.errors = [coded(e) for e in result.errors]
         processed = await super().process_result(request, result)
