@@ -45,6 +45,12 @@ COMPILED_READS = Counter(
     "the plain path (an error to report, a caller whose decisions differ per pool...)",
     ["outcome"],
 )
+DB_STATEMENTS = Counter(
+    "bettercompute_db_statements_total",
+    "SQL statements sent, by pool: the engines' (`engine`) or the compiled reads' "
+    "direct pool (`direct`, app/db/direct.py)",
+    ["pool"],
+)
 DB_IN_USE = Gauge(
     "bettercompute_db_connections_in_use",
     "Database connections checked out of the pool",
@@ -99,6 +105,7 @@ def observe_request(transport: str, operation: str, duration_s: float, codes: li
 def instrument_engine(engine: AsyncEngine, role: str) -> None:
     """Pool checkouts and transaction outcomes, from SQLAlchemy's events."""
     in_use = DB_IN_USE.labels(role)
+    statements = DB_STATEMENTS.labels("engine")
     commits = DB_TRANSACTIONS.labels("commit")
     rollbacks = DB_TRANSACTIONS.labels("rollback")
     sync = engine.sync_engine
@@ -110,6 +117,10 @@ def instrument_engine(engine: AsyncEngine, role: str) -> None:
     @event.listens_for(sync.pool, "checkin")
     def _checkin(*_: Any) -> None:
         in_use.dec()
+
+    @event.listens_for(sync, "before_cursor_execute")
+    def _statement(*_: Any) -> None:
+        statements.inc()
 
     @event.listens_for(sync, "commit")
     def _commit(_: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
+from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -117,15 +118,24 @@ class GraphQLView(GraphQL[Context, None]):
             if hashed is not None:
                 principal = remembered or await context.principal()
                 capacity.principals.put(hashed, principal)
-                key, response = await self._compiled_answer(request, context, principal, hashed)
-                if response is not None:
-                    await response(scope, receive, send)
-                    return
+                try:
+                    body = await request.body()
+                except Exception:  # the body limit: reported once the token is checked
+                    body = None
+                if body is not None:
+                    key, response = await self._compiled_answer(
+                        request, context, principal, hashed, body
+                    )
+                    if response is not None:
+                        await response(scope, receive, send)
+                        return
                 if remembered is not None:  # not answered: authenticate now, as usual
                     refusal = await self._admit(context, None, charge=False)
                     if refusal is not None:
                         await refusal(scope, receive, send)
                         return
+                if body is None:
+                    await request.body()  # raises what it raised
             response = await self.run(request, context=context)
             if key is not None and _clean_run.get() and self.compiled is not None:
                 self.compiled.learn(*key)
@@ -151,7 +161,12 @@ class GraphQLView(GraphQL[Context, None]):
                 info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
             if charge:
                 limiter: RateLimiter = context.request.app.state.rate_limiter
-                await limiter.charge_request(principal.caller_id, info)
+                try:
+                    await limiter.charge_request(principal.caller_id, info)
+                except Exception:
+                    if remembered is not None:
+                        await context.principal()  # a bad token is told so first
+                    raise
         except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
             # The answer a resolver gave before: 200, data null, the code in errors
             # (401 without data under application/graphql-response+json); a database
@@ -177,25 +192,35 @@ class GraphQLView(GraphQL[Context, None]):
             return None
 
     async def _compiled_answer(
-        self, request: Request, context: Context, principal: Principal, hashed: str
+        self, request: Request, context: Context, principal: Principal, hashed: str, raw: bytes
     ) -> tuple[tuple[str, str | None] | None, Response | None]:
         """The request's (query, operationName), and the compiled read's response when
-        the plan and the domain give one (None: the plain path answers)."""
+        the plan and the domain give one. None for anything else, refusals included: the
+        plain path answers those, after the token is checked."""
         assert self.compiled is not None
-        body = self.decode_json(await request.body())
+        try:
+            body = self.decode_json(raw)
+        except ValueError:
+            return None, None
         if not isinstance(body, dict) or not isinstance(body.get("query"), str):
             return None, None
         name, variables = body.get("operationName"), body.get("variables")
         if not isinstance(name, str | None) or not isinstance(variables, dict | None):
             return None, None
-        query = self.persisted.resolve(body["query"], body.get("extensions"))
+        try:
+            query = self.persisted.resolve(body["query"], body.get("extensions"))
+        except PersistedQueryError:
+            return None, None
         if query is None:
             return None, None
         key = (query, name)
         plan = self.compiled.plan(query, name)
-        prepared = (
-            self.compiled.prepare(plan, variables, context.capacity) if plan is not None else None
-        )
+        try:
+            prepared = (
+                self.compiled.prepare(plan, variables, context.capacity) if plan else None
+            )
+        except GraphQLError:  # an argument that does not coerce: the plain path says so
+            prepared = None
         if prepared is None:
             return key, None
         try:

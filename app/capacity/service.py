@@ -89,8 +89,9 @@ class Capacity:
         async with self.reading() as conn:
             return await pools.get_pool(conn, principal, inp)
 
+    @staticmethod
     def compile_read(
-        self, shape: Shape, root: tuple[Constant, ...] = ()
+        shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
         """`list` (a PageShape) or `get` (a PoolShape) as one statement that answers in
         JSON, with `root`'s constants beside it; None when no statement builds it."""

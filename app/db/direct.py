@@ -14,8 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from app.metrics import DB_STATEMENTS
+
 if TYPE_CHECKING:
     import asyncpg
+
+_STATEMENTS = DB_STATEMENTS.labels("direct")
 
 
 async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
@@ -70,6 +74,7 @@ class DirectReads:
     async def fetchval(self, sql: str, params: tuple[Any, ...]) -> Any:
         pool = await self._opened()
         async with pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            _STATEMENTS.inc()
             return await conn.fetchval(sql, *params)
 
     async def close(self) -> None:

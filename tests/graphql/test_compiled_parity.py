@@ -12,137 +12,46 @@ the query text, the second may be compiled) and to `plain` once.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pytest_asyncio
 from prometheus_client import REGISTRY
-from starlette.applications import Starlette
 
-from app.config import Settings
 from app.iam.callers import revoke_token
-from app.server import create_app
+from tests.compiled_world import CALLERS, Pair, World, pair, world
 from tests.support import Fleet
 
-JOIN_SET = {
-    "apiServer": "https://k8s.example.com:6443",
-    "token": "abcdef.0123456789abcdef",
-    "caCertHash": "sha256:" + "a" * 64,
-}
-
-
-@dataclass
-class World:
-    tokens: dict[str, str]
-    pools: dict[str, str]
-
-
-@dataclass
-class Pair:
-    fast: httpx.AsyncClient
-    plain: httpx.AsyncClient
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def pair(app: Starlette, database_url: str) -> AsyncIterator[Pair]:
-    plain_app = create_app(Settings(database_url=database_url, fast_path=False))
-    async with plain_app.router.lifespan_context(plain_app):
-        fast = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
-        plain = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=plain_app), base_url="http://t"
-        )
-        async with fast, plain:
-            yield Pair(fast, plain)
-
-
-async def _rest(client: httpx.AsyncClient, token: str, method: str, body: Any) -> Any:
-    path = method if "/" in method else f"pools/{method}"
-    response = await client.post(
-        f"/api/compute/{path}", json=body, headers={"authorization": f"Bearer {token}"}
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def world(pair: Pair, fleet: Fleet) -> World:
-    """acme owns five pools (one archived, one with a kubernetes join secret) and offers
-    two to globex, one with includeDescendants (globex-dev sees it through that offer);
-    initech sees nothing. Callers of every kind."""
-    await fleet.tenant("acme")
-    await fleet.tenant("globex")
-    await fleet.tenant("globex-dev", parent="globex")
-    await fleet.tenant("initech")
-    site = await fleet.site("acme")
-    tokens = {
-        "acme-admin": await fleet.caller("acme", "admin"),
-        "acme-viewer": await fleet.caller("acme", "viewer"),
-        "acme-operator": await fleet.caller("acme", "operator"),
-        "acme-narrowed": await fleet.caller("acme", "admin", gpuModel="H100"),
-        "globex-viewer": await fleet.caller("globex", "viewer"),
-        "globex-admin": await fleet.caller("globex", "admin"),
-        "dev-viewer": await fleet.caller("globex-dev", "viewer"),
-        "initech-admin": await fleet.caller("initech", "admin"),
-        "fleet-admin": await fleet.caller("fleet", "fleet-admin"),
-        "revoked": await fleet.caller("acme", "admin"),
-        "nonsense": "not-a-token",
-    }
-    admin = tokens["acme-admin"]
-    specs = [
-        {"gpuModel": "H100", "sharing": "mig", "ownerQuota": {"gpu": 8, "gpu.mig": 56}},
-        {"gpuModel": "A100", "class": "vps-host", "ownerQuota": {"gpu": 4}},
-        {"policy": {"kubernetes": JOIN_SET}, "gpuModel": "L4"},
-        {"sharing": "timeslice", "ownerQuota": {"gpu.slot": 16}},
-        {"gpuModel": "H100"},
-    ]
-    pools: dict[str, str] = {}
-    for i, spec in enumerate(specs):
-        body = {"tenantId": "acme", "siteId": site, "class": "metal-host", **spec}
-        created = await _rest(pair.plain, admin, "create", body)
-        pools[f"p{i}"] = created["pool"]["id"]
-    for name in ("p0", "p1", "p2"):
-        await fleet.node(pools[name], 4)
-    await _rest(
-        pair.plain,
-        admin,
-        "offer",
-        {
-            "tenantId": "acme",
-            "poolId": pools["p0"],
-            "toTenantId": "globex",
-            "quota": {"gpu": 2, "gpu.mig": 7},
-            "includeDescendants": True,
-            "priority": 5,
-        },
-    )
-    await _rest(
-        pair.plain,
-        admin,
-        "offer",
-        {"tenantId": "acme", "poolId": pools["p1"], "toTenantId": "globex", "quota": {"gpu": 1}},
-    )
-    await _rest(
-        pair.plain,
-        tokens["globex-admin"],
-        "reservations/create",
-        {"tenantId": "globex", "poolId": pools["p1"], "resources": {"gpu": 1}},
-    )
-    await _rest(pair.plain, admin, "archive", {"tenantId": "acme", "poolId": pools["p4"]})
-    await revoke_token(fleet.db, tokens["revoked"])
-    return World(tokens, pools)
-
+__all__ = ["pair", "world"]  # fixtures
 
 # --- the corpus ------------------------------------------------------------------------
 
-POOL_VALUES = (
-    "id tenantId siteId class gpuModel sharing agent providerAccountId region owned "
-    "archived version createdAt updatedAt policy __typename"
-).split()
-QUOTA = "poolId resource max used __typename grant { via tenantId includeDescendants priority offeredAt __typename }"
+POOL_VALUES = [
+    "id",
+    "tenantId",
+    "siteId",
+    "class",
+    "gpuModel",
+    "sharing",
+    "agent",
+    "providerAccountId",
+    "region",
+    "owned",
+    "archived",
+    "version",
+    "createdAt",
+    "updatedAt",
+    "policy",
+    "__typename",
+]
+QUOTA = (
+    "poolId resource max used __typename "
+    "grant { via tenantId includeDescendants priority offeredAt __typename }"
+)
 CAPACITY = "resource total allocatable booked available __typename"
-OFFERS = "tenantId includeDescendants priority __typename quotas { resource max used grant { tenantId } }"
+OFFERS = (
+    "tenantId includeDescendants priority __typename "
+    "quotas { resource max used grant { tenantId } }"
+)
 
 DASHBOARD = """query Dashboard($tenantId: String!, $first: Int, $after: String) {
   pools(tenantId: $tenantId, first: $first, after: $after) {
@@ -186,13 +95,13 @@ HAND_WRITTEN: list[tuple[str, dict[str, Any]]] = [
         {"all": False},
     ),
     (
-        """query($t: String!) { pools(tenantId: $t) { nodes { id offers { %s }
-             quotas { %s } capacity { %s } } } }""" % (OFFERS, QUOTA, CAPACITY),
+        """query($t: String!) { pools(tenantId: $t) { nodes { id offers { OFFERS }
+             quotas { QUOTA } capacity { CAPACITY } } } }""",
         {},
     ),
     (
-        """query($t: String!) { pools(tenantId: $t) { nodes { %s
-             capacity { offered guestUsed overcommit resource } } } }""" % " ".join(POOL_VALUES),
+        """query($t: String!) { pools(tenantId: $t) { nodes { POOL_VALUES
+             capacity { offered guestUsed overcommit resource } } } }""",
         {},
     ),
     (
@@ -200,17 +109,21 @@ HAND_WRITTEN: list[tuple[str, dict[str, Any]]] = [
              reservations(first: 1) { nodes { id } } } } }""",
         {},
     ),
-    ("""query($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) { resource total } }""",
-     {"p": "$POOL"}),
+    (
+        """query($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) { resource total } }""",
+        {"p": "$POOL"},
+    ),
     ("""query($t: String!) { quotas(tenantId: $t) { poolId resource max used } }""", {}),
-    ("""query($t: String!, $p: ID!) { access(tenantId: $t, poolId: $p,
-          permission: "compute:pools:share") { allowed } }""", {"p": "$POOL"}),
+    (
+        """query($t: String!, $p: ID!) { access(tenantId: $t, poolId: $p,
+          permission: "compute:pools:share") { allowed } }""",
+        {"p": "$POOL"},
+    ),
     ("""query($t: String!) { lending(tenantId: $t) { poolId resource offered } }""", {}),
     ("""{ catalog { name } __typename }""", {}),
     (
         """query($t: String!, $p: ID!) { pool(tenantId: $t, poolId: $p) {
-             %s quotas { %s } capacity { %s } offers { %s } } }"""
-        % (" ".join(POOL_VALUES), QUOTA, CAPACITY, OFFERS),
+             POOL_VALUES quotas { QUOTA } capacity { CAPACITY } offers { OFFERS } } }""",
         {"p": "$POOL"},
     ),
     (
@@ -249,7 +162,14 @@ def generated(count: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     def pool_selection() -> str:
         parts = [pick(" ".join(v for v in POOL_VALUES), 6)]
         if rng.random() < 0.7:
-            parts.append(alias("quotas") + directive() + " { " + pick("resource max used poolId __typename", 4) + (" grant { tenantId priority offeredAt }" if rng.random() < 0.3 else "") + " }")
+            parts.append(
+                alias("quotas")
+                + directive()
+                + " { "
+                + pick("resource max used poolId __typename", 4)
+                + (" grant { tenantId priority offeredAt }" if rng.random() < 0.3 else "")
+                + " }"
+            )
         if rng.random() < 0.5:
             parts.append(alias("capacity") + " { " + pick(CAPACITY, 3) + " }")
         if rng.random() < 0.2:
@@ -273,7 +193,8 @@ def generated(count: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
             inner = rng.choice(
                 [
                     f"nodes {{ {selection} }}",
-                    f"edges {{ cursor node {{ {selection} }} }} pageInfo {{ hasNextPage endCursor }}",
+                    f"edges {{ cursor node {{ {selection} }} }} "
+                    "pageInfo { hasNextPage endCursor }",
                     f"pageInfo {{ startCursor }} nodes {{ {selection} }} nodes {{ id }}",
                 ]
             )
@@ -291,26 +212,11 @@ def generated(count: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     return corpus
 
 
-# caller -> the tenant it acts for
-CALLERS = {
-    "acme-admin": "acme",
-    "acme-viewer": "acme",
-    "acme-operator": "acme",
-    "acme-narrowed": "acme",
-    "globex-viewer": "globex",
-    "dev-viewer": "globex-dev",
-    "initech-admin": "initech",
-    "fleet-admin": "acme",
-    "revoked": "acme",
-    "nonsense": "acme",
-}
-POOL_FOR = {"p0": None, "p1": None, "p2": None, "p3": None, "p4": None}
-
-
 def _answered() -> float:
-    return REGISTRY.get_sample_value(
-        "bettercompute_compiled_reads_total", {"outcome": "answered"}
-    ) or 0.0
+    return (
+        REGISTRY.get_sample_value("bettercompute_compiled_reads_total", {"outcome": "answered"})
+        or 0.0
+    )
 
 
 async def _post(client: httpx.AsyncClient, token: str, body: dict[str, Any]) -> tuple[Any, ...]:
@@ -331,6 +237,13 @@ async def _compare(
     for key, value in variables.items():
         if value == "$POOL":
             variables[key] = world.pools[pool]
+    for marker, text in (
+        ("POOL_VALUES", " ".join(POOL_VALUES)),
+        ("OFFERS", OFFERS),
+        ("QUOTA", QUOTA),
+        ("CAPACITY", CAPACITY),
+    ):
+        query = query.replace(marker, text)
     body = {"query": query, "variables": variables, "operationName": name}
     token = world.tokens[caller]
     plain = await _post(pair.plain, token, body)
@@ -357,8 +270,14 @@ async def test_hand_written_queries_answer_alike(pair: Pair, world: World, diale
 
 async def test_generated_queries_answer_alike(pair: Pair, world: World, dialect: str) -> None:
     before = _answered()
-    callers = ["acme-admin", "acme-viewer", "globex-viewer", "dev-viewer", "fleet-admin",
-               "acme-narrowed"]
+    callers = [
+        "acme-admin",
+        "acme-viewer",
+        "globex-viewer",
+        "dev-viewer",
+        "fleet-admin",
+        "acme-narrowed",
+    ]
     for i, (query, variables) in enumerate(generated(80, seed=8)):
         caller = callers[i % len(callers)]
         await _compare(pair, world, query, variables, caller, ("p0", "p1", "p2", "p4")[i % 4])
@@ -396,3 +315,12 @@ async def test_a_rebound_or_revoked_caller_is_answered_as_now(
     revoked = await _post(pair.fast, token, body)
     assert revoked == await _post(pair.plain, token, body)
     assert b"UNAUTHENTICATED" in revoked[2]
+    # Whatever else is wrong with the request, a revoked token is what it is told.
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    for bad in (b"{not json", b'{"query": 5}', b'{"extensions": {"persistedQuery": 1}}'):
+        answers = [
+            await client.post("/graphql", content=bad, headers=headers)
+            for client in (pair.fast, pair.plain)
+        ]
+        assert answers[0].content == answers[1].content, bad
+        assert b"UNAUTHENTICATED" in answers[0].content, answers[0].content
