@@ -10,8 +10,10 @@ directives that depend on them, read the arguments, compute the cost (it depends
 `offers`, `policy`, a quota's `grant`...) is simply not planned, and runs on the plain
 path; so is every answer with an error, which the domain declines to give.
 
-Only public graphql-core functions are used: parse, get_operation_ast,
-get_variable_values, get_argument_values.
+Only public graphql-core functions are used: parse, get_operation_ast, type_from_ast,
+value_from_ast, get_variable_values, get_argument_values. Variables of plain scalar types
+sent with their exact JSON type are taken as they are (graphql-core would coerce them to
+themselves); anything else goes through get_variable_values.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from graphql import (
     GraphQLEnumType,
     GraphQLField,
     GraphQLIncludeDirective,
+    GraphQLNonNull,
     GraphQLObjectType,
+    GraphQLScalarType,
     GraphQLSchema,
     GraphQLSkipDirective,
     InlineFragmentNode,
@@ -40,8 +44,11 @@ from graphql import (
     get_named_type,
     get_operation_ast,
     parse,
+    type_from_ast,
+    value_from_ast,
 )
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
+from graphql.pyutils import Undefined
 
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
@@ -111,11 +118,47 @@ class Unplanned(Exception):
     """The selection asks for something the compiled path does not build."""
 
 
+# How the root field's argument gets its value: a variable (with the argument's default
+# when the variable is absent) or a literal, decided once per plan.
+_Argument = tuple[str, str | None, Any]  # (name, variable or None, default or literal)
+
+
 @dataclass(frozen=True, slots=True)
 class Built:
     read: CompiledRead  # the domain's statement for the shape
-    field_def: GraphQLField
-    node: FieldNode
+    arguments: tuple[_Argument, ...]
+
+    def args(self, variables: dict[str, Any]) -> dict[str, Any]:
+        """graphql-core's get_argument_values over variables that coerced."""
+        found: dict[str, Any] = {}
+        for name, variable, value in self.arguments:
+            if variable is None:
+                found[name] = value
+            elif variable in variables:
+                found[name] = variables[variable]
+            elif value is not Undefined:
+                found[name] = value
+        return found
+
+
+def _arguments(field_def: GraphQLField, node: FieldNode) -> tuple[_Argument, ...]:
+    given = {a.name.value: a.value for a in node.arguments or ()}
+    found: list[_Argument] = []
+    for name, argument in field_def.args.items():
+        value = given.get(name)
+        if isinstance(value, VariableNode):
+            found.append((name, value.name.value, argument.default_value))
+        elif value is not None:
+            found.append((name, None, value_from_ast(value, argument.type)))
+        elif argument.default_value is not Undefined:
+            found.append((name, None, argument.default_value))
+    return tuple(found)
+
+
+# A variable the fast coercion handles: (name, scalar, non-null, default or Undefined).
+_Variable = tuple[str, str, bool, Any]
+_EXACT = {"String": (str,), "ID": (str,), "Int": (int,), "Boolean": (bool,)}
+_INT32 = range(-(2**31), 2**31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +189,9 @@ class Plan:
     operation: OperationDefinitionNode
     fragments: dict[str, FragmentDefinitionNode]
     directive_variables: tuple[str, ...]
+    # Every variable is a plain scalar: values of the exact JSON type coerce to
+    # themselves, with no call into graphql-core (None: always call it).
+    variables: tuple[_Variable, ...] | None
     shapes: dict[tuple[Any, ...], Built | None] = field(default_factory=dict)
     # The cost depends on the variables it reads (`first`...), found on first estimate.
     cost_variables: tuple[str, ...] | None = None
@@ -212,7 +258,51 @@ class CompiledReads:
         fragments = {
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
-        return Plan(document, operation, fragments, _directive_variables(document))
+        return Plan(
+            document,
+            operation,
+            fragments,
+            _directive_variables(document),
+            self._plain_variables(operation),
+        )
+
+    def _plain_variables(self, operation: OperationDefinitionNode) -> tuple[_Variable, ...] | None:
+        found: list[_Variable] = []
+        for definition in operation.variable_definitions or ():
+            kind = type_from_ast(self._schema, definition.type)
+            non_null = isinstance(kind, GraphQLNonNull)
+            named = kind.of_type if isinstance(kind, GraphQLNonNull) else kind
+            if not isinstance(named, GraphQLScalarType) or named.name not in _EXACT:
+                return None
+            default = (
+                Undefined
+                if definition.default_value is None
+                else value_from_ast(definition.default_value, named)
+            )
+            found.append((definition.variable.name.value, named.name, non_null, default))
+        return tuple(found)
+
+    @staticmethod
+    def _coerced(plan: Plan, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """The variables as graphql-core coerces them, when each is of its exact type,
+        null where it may be, or absent; None when graphql-core must decide."""
+        if plan.variables is None:
+            return None
+        found: dict[str, Any] = {}
+        for name, scalar, non_null, default in plan.variables:
+            if name in raw:
+                value = raw[name]
+                if value is None:
+                    if non_null:
+                        return None
+                elif type(value) not in _EXACT[scalar] or (scalar == "Int" and value not in _INT32):
+                    return None
+                found[name] = value
+            elif default is not Undefined:
+                found[name] = default
+            elif non_null:
+                return None
+        return found
 
     def prepare(
         self, plan: Plan, variables: Mapping[str, Any] | None, capacity: Capacity
@@ -221,14 +311,26 @@ class CompiledReads:
         (variables that do not coerce, a selection the plan does not cover, a cost over
         budget)."""
         raw = dict(variables or {})
-        coerced = get_variable_values(self._schema, plan.operation.variable_definitions or (), raw)
-        if not isinstance(coerced, VariableValues):
-            return None
-        key = tuple(_hashable(coerced.coerced.get(n)) for n in plan.directive_variables)
+        coerced = self._coerced(plan, raw)
+        full: VariableValues | None = None
+        if coerced is None:
+            result = get_variable_values(
+                self._schema, plan.operation.variable_definitions or (), raw
+            )
+            if not isinstance(result, VariableValues):
+                return None
+            full, coerced = result, result.coerced
+        key = tuple(_hashable(coerced.get(n)) for n in plan.directive_variables)
         if key in plan.shapes:
             built = plan.shapes[key]
         else:
-            built = self._build(plan, coerced, capacity)
+            if full is None:
+                result = get_variable_values(
+                    self._schema, plan.operation.variable_definitions or (), raw
+                )
+                assert isinstance(result, VariableValues)  # as the fast coercion found
+                full = result
+            built = self._build(plan, full, capacity)
             if len(plan.shapes) < _MAX_SHAPES_PER_PLAN:
                 plan.shapes[key] = built
         if built is None:
@@ -236,7 +338,7 @@ class CompiledReads:
         cost = self._cost(plan, raw)
         if cost is None:
             return None
-        return Prepared(built.read, get_argument_values(built.field_def, built.node, coerced), cost)
+        return Prepared(built.read, built.args(coerced), cost)
 
     def _cost(self, plan: Plan, raw: dict[str, Any]) -> int | None:
         """schema/limits.py's estimate (None: over the budget), kept per value of the
@@ -264,7 +366,7 @@ class CompiledReads:
         except Unplanned:
             return None
         read = capacity.compile_read(shape, root)
-        return None if read is None else Built(read, field_def, node)
+        return None if read is None else Built(read, _arguments(field_def, node))
 
     def _shape(
         self, plan: Plan, variables: VariableValues

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 # Whether the plain path's operation ran without errors: its query text may then be
 # planned for the compiled path.
 _clean_run: ContextVar[bool] = ContextVar("clean_run", default=False)
+_ANSWERED, _DECLINED = COMPILED_READS.labels("answered"), COMPILED_READS.labels("declined")
 
 
 class GraphQLView(GraphQL[Context, None]):
@@ -227,21 +228,26 @@ class GraphQLView(GraphQL[Context, None]):
             data = await context.capacity.read_json(principal, hashed, prepared.read, prepared.args)
         except Exception:  # the plain path meets the same fault and reports it
             logger.debug("compiled read failed; answering on the plain path", exc_info=True)
-            COMPILED_READS.labels("declined").inc()
+            _DECLINED.inc()
             return key, None
         if data is None:
             # Not answered (maybe a revoked token): the plain path authenticates anew.
             context.capacity.principals.drop(hashed)
-            COMPILED_READS.labels("declined").inc()
+            _DECLINED.inc()
             return key, None
-        COMPILED_READS.labels("answered").inc()
+        _ANSWERED.inc()
         info = request_info()
         if info is not None:
             info.graphql_operation(name)
-        operation_cost(context, min(prepared.cost, MAX_REPORTED_COST))
-        result = ExecutionResult(data=data, errors=None)
-        processed = await self.process_result(request, result)
-        return key, self.create_response(processed, await self.get_sub_response(request))
+        cost = min(prepared.cost, MAX_REPORTED_COST)
+        operation_cost(context, cost)
+        # What process_result and create_response make of an answer without errors.
+        answer: dict[str, Any] = {"data": data}
+        if info is not None:
+            answer["extensions"] = {"cost": cost}
+        media = response_media.get()
+        media_type = f"{media}; charset=utf-8" if media == GRAPHQL_RESPONSE_JSON else media
+        return key, Response(self.encode_json(answer), media_type=media_type)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket

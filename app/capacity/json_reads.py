@@ -252,6 +252,11 @@ _GRANTS = """SELECT DISTINCT ON (a.pool_id) a.pool_id, a.tenant_id AS grant_tena
     FROM lineage l JOIN authz_rows a ON a.tenant_id = l.id
     WHERE (l.depth = 0 OR a.include_descendants) AND {where}
     ORDER BY a.pool_id, l.depth"""
+# The same for one pool `p`, by the authz rows' primary key.
+_GRANT = """SELECT l.id AS grant_tenant FROM lineage l WHERE EXISTS (
+      SELECT 1 FROM authz_rows a WHERE a.tenant_id = l.id AND a.pool_id = p.id
+      AND (l.depth = 0 OR a.include_descendants))
+    ORDER BY l.depth LIMIT 1"""
 _SEES = f"(NOT p.archived OR p.tenant_id = {_TENANT})"
 
 
@@ -286,7 +291,10 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> str:
     pairs = [(c.key, _literal(c.value)) for c in root]
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
-    declines = any(isinstance(f, Rows) and f.if_denied == "decline" for f in _all(shape.fields))
+    declines = any(
+        isinstance(f, Rows) and f.kind == "offers" and f.if_denied == "decline"
+        for f in _all(shape.fields)
+    )
     if isinstance(shape, PageShape):
         pairs.append((shape.key, _page(shape.fields)))
         grants = _GRANTS.format(where=f"({_ARG} IS NULL OR a.pool_id > {_ARG})")
@@ -301,11 +309,10 @@ SELECT {_object(pairs)}::text
 WHERE EXISTS (SELECT 1 FROM caller) AND EXISTS (SELECT 1 FROM lineage)
 {unshared if declines else ""}"""
     pairs.append((shape.key, _pool(shape.fields)))
-    grants = _GRANTS.format(where=f"a.pool_id = {_ARG}")
     unshared = f"AND ({_SHARES} OR p.tenant_id <> {_TENANT})"
     return f"""{_COMMON}, target AS (
-  SELECT p.*, g.grant_tenant FROM ({grants}) g JOIN pools p ON p.id = g.pool_id
-  WHERE {_SEES}
+  SELECT p.*, g.grant_tenant FROM pools p CROSS JOIN LATERAL ({_GRANT}) g
+  WHERE p.id = {_ARG} AND {_SEES}
 )
 SELECT {_object(pairs)}::text FROM target p WHERE EXISTS (SELECT 1 FROM caller)
 {unshared if declines else ""}"""
