@@ -106,8 +106,8 @@ class Settings(BaseSettings):
     db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
     db_direct_pool_size: int = setting(
         10,
-        "PostgreSQL connections per process for compiled GraphQL reads (one statement each, "
-        "no transaction, no ping); opened on demand; 0: they borrow from the pool above",
+        "PostgreSQL connections per process for compiled reads (one statement each, no "
+        "transaction, no ping; docs/decisions/0008); opened on demand; 0: they use the pool",
     )
     db_max_overflow: int = setting(
         10, "PostgreSQL connections per process opened beyond the pool under load"
