@@ -38,7 +38,8 @@ def _endpoint(method: Method) -> Any:
         capacity: Capacity = request.app.state.capacity
         authorization = request.headers.get("authorization")
         try:
-            hashed = _token_hash(authorization) if compiled is not None else None
+            fast = compiled is not None and request.app.state.settings.fast_path
+            hashed = _token_hash(authorization) if fast else None
             remembered = capacity.principals.get(hashed) if hashed is not None else None
             principal = remembered or await authenticate(capacity.db, authorization)
             info = request_info()
@@ -50,7 +51,7 @@ def _endpoint(method: Method) -> Any:
                 if remembered is not None:  # a bad token is told so first
                     await authenticate(capacity.db, authorization)
                 raise
-            if compiled is not None and hashed is not None:
+            if compiled is not None and hashed is not None:  # BETTERCOMPUTE_FAST_PATH
                 capacity.principals.put(hashed, principal)
                 try:
                     raw = await request.body()
