@@ -55,8 +55,9 @@ class Settings(BaseSettings):
     introspection: bool = setting(True, "GraphQL introspection (switch off in production)")
     fast_path: bool = setting(
         True,
-        "the fast read path (custom executor, lean websocket protocol); false serves with "
-        "stock graphql-core, strawberry and uvicorn, which answer the same (app/compat.py)",
+        "the fast paths: reads compiled into one statement (docs/decisions/0008), the custom "
+        "executor, the lean websocket protocol; false serves with stock graphql-core, "
+        "strawberry and uvicorn over the domain, which answer the same (app/compat.py)",
     )
     # GraphQL query limits: refused before execution.
     max_query_depth: int = setting(12, "GraphQL: deepest selection (docs/graphql.md)")
@@ -109,6 +110,11 @@ class Settings(BaseSettings):
     # The database connection budget per process and how long anything may wait on the
     # database (README "Connection budget"); past a bound a request answers UNAVAILABLE.
     db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
+    db_direct_pool_size: int = setting(
+        10,
+        "PostgreSQL connections per process for compiled reads (one statement each, no "
+        "transaction, no ping; docs/decisions/0008); opened on demand; 0: they use the pool",
+    )
     db_max_overflow: int = setting(
         10, "PostgreSQL connections per process opened beyond the pool under load"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import (
@@ -38,6 +39,12 @@ ERRORS = Counter(
     "bettercompute_errors_total",
     "Failed requests (and GraphQL errors) by transport and error code",
     ["transport", "code"],
+)
+COMPILED_READS = Counter(
+    "bettercompute_compiled_reads_total",
+    "GraphQL reads with a compiled plan: answered by its one statement, or declined to "
+    "the plain path (an error to report, a caller whose decisions differ per pool...)",
+    ["outcome"],
 )
 DB_IN_USE = Gauge(
     "bettercompute_db_connections_in_use",
@@ -99,13 +106,9 @@ def observe_request(transport: str, operation: str, duration_s: float, codes: li
 
 def instrument_engine(engine: AsyncEngine, role: str) -> None:
     """Pool checkouts, statements and transaction outcomes, from SQLAlchemy's events."""
-    # Imported here: app.observe imports this module to report each request.
-    from app.observe import request_info
-
     in_use = DB_IN_USE.labels(role)
     commits = DB_TRANSACTIONS.labels("commit")
     rollbacks = DB_TRANSACTIONS.labels("rollback")
-    statements = {t: DB_STATEMENTS.labels(t) for t in ("rest", "graphql", "http", "none")}
     sync = engine.sync_engine
 
     @event.listens_for(sync.pool, "checkout")
@@ -127,12 +130,24 @@ def instrument_engine(engine: AsyncEngine, role: str) -> None:
     @event.listens_for(sync, "before_cursor_execute")
     def _statement(*_: Any) -> None:
         # SQLAlchemy runs the driver in a greenlet that carries the request's context.
-        info = request_info()
-        transport = "none" if info is None else info.transport
-        counter = statements.get(transport)
-        if counter is None:
-            counter = statements[transport] = DB_STATEMENTS.labels(transport)
-        counter.inc()
+        statement_sent()
+
+
+_statements = {t: DB_STATEMENTS.labels(t) for t in ("rest", "graphql", "http", "none")}
+
+
+# The transport of the request being served (app/observe.py sets it), for the counts.
+request_transport: ContextVar[str] = ContextVar("request_transport", default="none")
+
+
+def statement_sent() -> None:
+    """One SQL statement, counted for the transport of the request that sent it: from the
+    engines' events, and by the compiled reads' direct pool (app/db/direct.py)."""
+    transport = request_transport.get()
+    counter = _statements.get(transport)
+    if counter is None:
+        counter = _statements[transport] = DB_STATEMENTS.labels(transport)
+    counter.inc()
 
 
 def relay_delivered(occurred_at_s: float) -> None:

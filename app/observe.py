@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import time
-import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -86,9 +86,10 @@ class Observe:
             await self.app(scope, receive, send)
             return
         sent = Headers(scope=scope).get("x-request-id", "")
-        info = RequestInfo(sent if _CLIENT_ID.fullmatch(sent) else uuid.uuid4().hex)
+        info = RequestInfo(sent if _CLIENT_ID.fullmatch(sent) else secrets.token_hex(16))
         info.transport, info.operation = _route(scope["path"])
         token = current.set(info)
+        transport = metrics.request_transport.set(info.transport)
         started = time.perf_counter()
         status = 500
 
@@ -125,3 +126,4 @@ class Observe:
                 },
             )
             current.reset(token)
+            metrics.request_transport.reset(transport)

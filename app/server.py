@@ -142,13 +142,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         )
     app = Starlette(
         routes=[
+            # The busiest path first: routes are matched in order.
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", graphql),
             *routes(),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/livez", livez),
             Route("/metrics", metrics),
-            Route("/graphql", graphql, methods=["GET", "POST"]),
-            WebSocketRoute("/graphql", graphql),
             # GraphiQL's pinned assets (schema/graphiql.py) and the live console page.
             Route("/assets/{path:path}", assets_endpoint(settings.web_assets_dir)),
             Route("/console", console_page),

@@ -86,7 +86,7 @@ UNKNOWN_LIST = MAX_PAGE_SIZE
 # execution walk. A document within the token limit and no fragments stays far below.
 MAX_EXPANDED_FIELDS = 10_000
 # orjson encodes 64-bit integers only; the message carries the exact figure.
-_MAX_REPORTED = 2**63 - 1
+MAX_REPORTED_COST = 2**63 - 1
 
 
 def _refusal(message: str, node: Any, limit: str, **details: Any) -> GraphQLError:
@@ -318,7 +318,7 @@ def cost_errors(
                 f"query cost {cost.total} is over the budget of {budget}; ask for fewer "
                 "items (`first`) or fewer nested lists"
             )
-            reported = min(cost.total, _MAX_REPORTED)
+            reported = min(cost.total, MAX_REPORTED_COST)
             errors.append(_refusal(message, operation, "cost", cost=reported, budget=budget))
     return errors
 
@@ -379,7 +379,7 @@ def query_limits(
                 # The operation that runs (OperationChecks made sure it is named when
                 # there are several).
                 cost = costs.get(context.operation_name, next(iter(costs.values())))
-                operation_cost(context.context, min(cost, _MAX_REPORTED))
+                operation_cost(context.context, min(cost, MAX_REPORTED_COST))
             if not errors:
                 errors = _validate(schema, document, tuple(context.validation_rules))
             # Set (even when empty): strawberry then skips its own, uncached validation.

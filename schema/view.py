@@ -3,11 +3,14 @@ errors (with `extensions.code`) for requests it refuses before any GraphQL runs.
 
 from __future__ import annotations
 
+import logging
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
 import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
+from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -27,13 +30,18 @@ from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UnsetType
 
 from app.capacity.service import Capacity
+from app.compat import graphql_core_schema
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.errors import DomainError
 from app.http.responses import JSONResponse
 from app.http.status import http_status
+from app.iam.callers import bearer_token_hash
+from app.iam.principal import Principal
+from app.metrics import COMPILED_READS
 from app.observe import record_code, request_info
 from app.rate_limit import RateLimiter
+from schema.compiled_reads import CompiledReads
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_html
@@ -44,6 +52,7 @@ from schema.http_media import (
     request_error_status,
     response_media,
 )
+from schema.limits import MAX_REPORTED_COST, operation_cost
 from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
@@ -52,6 +61,12 @@ from schema.websockets import (
     TextFrames,
     TransportWSHandler,
 )
+
+logger = logging.getLogger(__name__)
+# Whether the plain path's operation ran without errors: its query text may then be
+# planned for the compiled path.
+_clean_run: ContextVar[bool] = ContextVar("clean_run", default=False)
+_ANSWERED, _DECLINED = COMPILED_READS.labels("answered"), COMPILED_READS.labels("declined")
 
 
 class GraphQLView(GraphQL[Context, None]):
@@ -79,6 +94,11 @@ class GraphQLView(GraphQL[Context, None]):
         if not our_websocket_handlers:  # strawberry changed what they override (app/compat.py)
             self.graphql_transport_ws_handler_class = BaseGraphQLTransportWSHandler
             self.graphql_ws_handler_class = BaseGraphQLWSHandler
+        self.compiled = (
+            CompiledReads(graphql_core_schema(schema), settings.max_query_cost)
+            if settings.fast_path
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,27 +115,44 @@ class GraphQLView(GraphQL[Context, None]):
             )(scope, receive, send)
             return
         context = self._context(request, None)
+        capacity: Capacity = request.app.state.capacity
+        # A caller this process has seen may be answered by a compiled read, whose one
+        # statement checks the token again (schema/compiled_reads.py); any other request
+        # is authenticated here, before the body is read or parsed (docs/decisions/0001).
+        hashed = self._compiled_token(request)
+        remembered = capacity.principals.get(hashed) if hashed is not None else None
         if _needs_token(request):
-            # Before the body is read or parsed (docs/decisions/0001); the context keeps
-            # the principal for the resolvers.
-            try:
-                principal = await context.principal()
-                # The caller's request budget, right after authentication (app/rate_limit.py).
-                info = request_info()
-                if info is not None:
-                    info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
-                limiter: RateLimiter = request.app.state.rate_limiter
-                await limiter.charge_request(principal.caller_id, info)
-            except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
-                # The answer a resolver gave before: 200, data null, the code in errors
-                # (401 without data under application/graphql-response+json); a database
-                # out of reach is 503 with Retry-After, as every other failure.
-                error = to_domain_error(exc)
-                status = http_status(error) if error.code in _HTTP_STATUS_CODES else 200
-                await refused_with(error, status_code=status)(scope, receive, send)
+            refusal = await self._admit(context, remembered)
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
+        key: tuple[str, str | None] | None = None
         try:
+            if hashed is not None:
+                principal = remembered or await context.principal()
+                capacity.principals.put(hashed, principal)
+                unread: Exception | None = None
+                try:
+                    body: bytes | None = await request.body()
+                except Exception as exc:  # the body limit: reported once the token is checked
+                    body, unread = None, exc
+                if body is not None:
+                    key, response = await self._compiled_answer(
+                        request, context, principal, hashed, body
+                    )
+                    if response is not None:
+                        await response(scope, receive, send)
+                        return
+                if remembered is not None:  # not answered: authenticate now, as usual
+                    refusal = await self._admit(context, None, charge=False)
+                    if refusal is not None:
+                        await refusal(scope, receive, send)
+                        return
+                if unread is not None:
+                    raise unread
             response = await self.run(request, context=context)
+            if key is not None and _clean_run.get() and self.compiled is not None:
+                self.compiled.learn(*key)
         except HTTPException as exc:
             response = refused(exc.status_code, exc.reason)
         except PersistedQueryError as exc:
@@ -124,6 +161,106 @@ class GraphQLView(GraphQL[Context, None]):
             error = to_domain_error(exc)  # logs what it masks
             response = refused_with(error, status_code=http_status(error))
         await response(scope, receive, send)
+
+    async def _admit(
+        self, context: Context, remembered: Principal | None, *, charge: bool = True
+    ) -> Response | None:
+        """Authenticate (unless the caller is `remembered`, to be checked by a compiled
+        read's statement) and charge the caller's request budget (app/rate_limit.py);
+        the refusal to send when either fails."""
+        try:
+            principal = remembered or await context.principal()
+            info = request_info()
+            if info is not None:
+                info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
+            if charge:
+                limiter: RateLimiter = context.request.app.state.rate_limiter
+                try:
+                    await limiter.charge_request(principal.caller_id, info)
+                except Exception:
+                    if remembered is not None:
+                        await context.principal()  # a bad token is told so first
+                    raise
+        except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
+            # The answer a resolver gave before: 200, data null, the code in errors
+            # (401 without data under application/graphql-response+json); a database
+            # out of reach is 503 with Retry-After, as every other failure.
+            error = to_domain_error(exc)
+            status = http_status(error) if error.code in _HTTP_STATUS_CODES else 200
+            return refused_with(error, status_code=status)
+        return None
+
+    def _compiled_token(self, request: Request) -> str | None:
+        """The token's hash when this request may take the compiled read path: a POST of
+        JSON with a well-formed bearer token, no cost budget to charge per operation."""
+        if (
+            self.compiled is None
+            or request.method != "POST"
+            or "application/json" not in request.headers.get("content-type", "")
+            or request.app.state.rate_limiter.cost is not None
+        ):
+            return None
+        try:
+            return bearer_token_hash(request.headers.get("authorization"))
+        except DomainError:
+            return None
+
+    async def _compiled_answer(
+        self, request: Request, context: Context, principal: Principal, hashed: str, raw: bytes
+    ) -> tuple[tuple[str, str | None] | None, Response | None]:
+        """The request's (query, operationName), and the compiled read's response when
+        the plan and the domain give one. None for anything else, refusals included: the
+        plain path answers those, after the token is checked."""
+        assert self.compiled is not None
+        try:
+            body = self.decode_json(raw)
+        except ValueError:
+            return None, None
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+            return None, None
+        name, variables = body.get("operationName"), body.get("variables")
+        if not isinstance(name, str | None) or not isinstance(variables, dict | None):
+            return None, None
+        try:
+            query = self.persisted.resolve(body["query"], body.get("extensions"))
+        except PersistedQueryError:
+            return None, None
+        if query is None:
+            return None, None
+        key = (query, name)
+        plan = self.compiled.plan(query, name)
+        try:
+            prepared = (
+                self.compiled.prepare(plan, variables, context.capacity) if plan else None
+            )
+        except GraphQLError:  # an argument that does not coerce: the plain path says so
+            prepared = None
+        if prepared is None:
+            return key, None
+        try:
+            data = await context.capacity.read_json(principal, hashed, prepared.read, prepared.args)
+        except Exception:  # the plain path meets the same fault and reports it
+            logger.debug("compiled read failed; answering on the plain path", exc_info=True)
+            _DECLINED.inc()
+            return key, None
+        if data is None:
+            # Not answered (maybe a revoked token): the plain path authenticates anew.
+            context.capacity.principals.drop(hashed)
+            _DECLINED.inc()
+            return key, None
+        _ANSWERED.inc()
+        info = request_info()
+        if info is not None:
+            info.graphql_operation(name)
+        cost = min(prepared.cost, MAX_REPORTED_COST)
+        operation_cost(context, cost)
+        # What process_result and create_response make of an answer without errors.
+        answer: dict[str, Any] = {"data": data}
+        if info is not None:
+            answer["extensions"] = {"cost": cost}
+        media = response_media.get()
+        media_type = f"{media}; charset=utf-8" if media == GRAPHQL_RESPONSE_JSON else media
+        return key, Response(self.encode_json(answer), media_type=media_type)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
@@ -190,6 +327,7 @@ class GraphQLView(GraphQL[Context, None]):
     ) -> GraphQLHTTPResponse:
         # ErrorCodes has coded every error of an operation; this also covers a failure
         # strawberry reports outside the operation's hooks.
+        _clean_run.set(not result.errors)
         if result.errors:
             result.errors = [coded(e) for e in result.errors]
         processed = await super().process_result(request, result)

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import explain, lending, offers, pool_events, pool_reads, pools, reservations
+from app.capacity import (
+    explain,
+    json_reads,
+    lending,
+    offers,
+    pool_events,
+    pool_reads,
+    pools,
+    reservations,
+)
 from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import (
     ArchivePoolInput,
@@ -31,8 +41,10 @@ from app.capacity.inputs import (
     ReleaseReservationInput,
     UnofferPoolInput,
     UpdatePoolInput,
+    parse_input,
 )
-from app.capacity.paging import Page, PageRequest
+from app.capacity.paging import Page, PageRequest, pools_page_request
+from app.capacity.shapes import Constant, Shape
 from app.capacity.views import (
     DETAIL_PARTS,
     AccessExplanation,
@@ -48,9 +60,11 @@ from app.capacity.views import (
 from app.db.engine import Database
 from app.db.read_scope import ReadScope
 from app.db.uow import Notify, UnitOfWork
-from app.errors import PermissionDenied
+from app.errors import DomainError, PermissionDenied
 from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
+from app.iam.principal_cache import PrincipalCache
+from app.iam.roles import POOLS_SHARE
 
 T = TypeVar("T")
 
@@ -66,6 +80,9 @@ class Capacity:
         self.db = db
         self._notify = notify
         self._relay = relay  # this process's event relay; only a server has one
+        # Callers seen by this process, for reads that check the token in their own
+        # statement (read_json); never trusted alone.
+        self.principals = PrincipalCache()
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)
@@ -158,6 +175,50 @@ class Capacity:
         self, principal: Principal, inp: ListQuotasInput, *, reads: ReadScope | None = None
     ) -> list[QuotaView]:
         return await self._read(reads, lambda conn: pool_reads.list_quotas(conn, principal, inp))
+
+    @staticmethod
+    def compile_read(
+        shape: Shape, root: tuple[Constant, ...] = ()
+    ) -> json_reads.CompiledRead | None:
+        """`list` (a PageShape) or `get` (a PoolShape) as one statement that answers in
+        JSON, with `root`'s constants beside it; None when no statement builds it."""
+        return json_reads.compile_read(shape, root)
+
+    async def read_json(
+        self,
+        principal: Principal,
+        token_hash: str,
+        read: json_reads.CompiledRead,
+        args: dict[str, object],
+    ) -> Any:
+        """A compiled read's answer, parsed JSON under the shape's keys; None when this
+        path does not give the answer (input the plain read refuses, a caller whose
+        decisions differ per pool, a token no longer live, a pool not visible, SQLite):
+        the plain read then gives it, error and all. `args` are the transport's tenantId,
+        first and after, or tenantId and poolId."""
+        if self.db.dialect != "postgresql":
+            return None
+        tail: tuple[object, ...]
+        try:
+            if read.page:
+                listed = parse_input(ListPoolsInput, {"tenantId": args.get("tenantId")})
+                page = pools_page_request(
+                    args.get("first"),  # type: ignore[arg-type]
+                    args.get("after"),  # type: ignore[arg-type]
+                )
+                tenant_id, tail = listed.tenant_id, (page.after, page.first)
+            else:
+                get = parse_input(
+                    GetPoolInput, {"tenantId": args.get("tenantId"), "poolId": args.get("poolId")}
+                )
+                tenant_id, tail = get.tenant_id, (get.pool_id,)
+        except DomainError:
+            return None
+        if not json_reads.eligible(principal, tenant_id, read):
+            return None
+        params = (tenant_id, token_hash, principal.role, principal.has(POOLS_SHARE), *tail)
+        text = await json_reads.fetch(self.db, read.sql, params)
+        return None if text is None else json_reads.readable(orjson.loads(text), read)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(

@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from app.config import Settings
+from app.db.direct import DirectReads
 from app.db.embedded import busy_timeout_ms, connection_pragmas
 
 # What a read runs on: a connection, or a unit of work's session.
@@ -78,6 +79,8 @@ class Database:
     url: str
     writer: AsyncEngine
     reader: AsyncEngine
+    # PostgreSQL (not behind PgBouncer): single statements outside a transaction.
+    direct: DirectReads | None = None
 
     @property
     def dialect(self) -> str:
@@ -90,6 +93,8 @@ class Database:
         return behind_pgbouncer(self.url)[1]
 
     async def dispose(self) -> None:
+        if self.direct is not None:
+            await self.direct.close()
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
@@ -172,4 +177,14 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             # SET LOCAL ends with the transaction, as the server connection's loan does.
             connection.exec_driver_sql(f"SET LOCAL statement_timeout = {statement_timeout}")
 
-    return Database(url, engine, engine)
+    direct = None
+    if not pgbouncer and s.db_direct_pool_size > 0:
+        direct = DirectReads(
+            target.set(drivername="postgresql").render_as_string(hide_password=False),
+            max_size=s.db_direct_pool_size,
+            connect_timeout_s=s.db_connect_timeout_s,
+            acquire_timeout_s=s.db_acquire_timeout_s,
+            statement_timeout_ms=int(statement_timeout),
+            command_timeout_s=s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
+        )
+    return Database(url, engine, engine, direct)

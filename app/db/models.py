@@ -196,7 +196,8 @@ class AuthzRow(Base):
 
     __tablename__ = "authz_rows"
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
-    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id"), primary_key=True)
+    # Indexed: every pool read asks which tenants hold an offer of a pool (migration 0005).
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id"), primary_key=True, index=True)
     gpu_model: Mapped[str | None] = mapped_column(String(32))
     pool_class: Mapped[str] = mapped_column("class", String(16), key="pool_class")
     sharing: Mapped[str] = mapped_column(String(16))

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from app.capacity.paging import Page
+from app.capacity.shapes import Nested, PoolShape, Read, Rows
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -84,6 +85,68 @@ def pool_json(detail: PoolDetail) -> dict[str, Any]:
         "createdAt": timestamp(p.created_at),
         "updatedAt": timestamp(p.updated_at),
     }
+
+
+def _reads(*pairs: str) -> tuple[Read, ...]:
+    """(key, value) pairs as reads: `_reads("tenantId", "tenant_id", ...)`."""
+    return tuple(Read(k, v) for k, v in zip(pairs[::2], pairs[1::2], strict=True))  # type: ignore[arg-type]
+
+
+# `get`'s answer, {"pool": pool_json(...)}, as a shape: the compiled read builds it in
+# one statement (app/capacity/json_reads.py). tests/rest/test_compiled_get.py holds the
+# two to the same bytes.
+GET_SHAPE = PoolShape(
+    "pool",
+    (
+        *_reads("id", "id", "tenantId", "tenant_id", "siteId", "site_id", "class", "class"),
+        *_reads("gpuModel", "gpu_model", "sharing", "sharing", "agent", "agent"),
+        *_reads("policy", "policy", "providerAccountId", "provider_account_id"),
+        *_reads("region", "region", "owned", "owned", "archived", "archived"),
+        *_reads("version", "version"),
+        Rows(
+            "quotas",
+            "quotas",
+            (
+                *_reads("resource", "resource", "max", "max", "used", "used"),
+                Nested(
+                    "grant",
+                    "grant",
+                    _reads(
+                        "tenantId",
+                        "tenant_id",
+                        "includeDescendants",
+                        "include_descendants",
+                        "priority",
+                        "priority",
+                        "offeredAt",
+                        "offered_at",
+                    ),
+                ),
+            ),
+        ),
+        Rows(
+            "offers",
+            "offers",
+            (
+                *_reads(
+                    "tenantId",
+                    "tenant_id",
+                    "includeDescendants",
+                    "include_descendants",
+                    "priority",
+                    "priority",
+                ),
+                Rows(
+                    "quotas",
+                    "offer_quotas",
+                    _reads("resource", "resource", "max", "max", "used", "used"),
+                ),
+            ),
+            if_denied="null",
+        ),
+        *_reads("createdAt", "created_at", "updatedAt", "updated_at"),
+    ),
+)
 
 
 def reservation_json(r: ReservationView) -> dict[str, Any]:

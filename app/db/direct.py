@@ -1,0 +1,82 @@
+"""Direct reads on PostgreSQL: one asyncpg pool for statements that run alone, outside a
+transaction, in one round trip (the compiled reads, app/capacity/json_reads.py).
+
+SQLAlchemy's pool pings each connection it lends (on asyncpg: BEGIN, a statement,
+ROLLBACK), which costs more than a compiled read itself. These statements need no ping: a
+connection that has died fails the statement, the pool drops it, and the caller answers
+on the plain path, whose pool pings. Bounded like the engines: connect, acquire and
+statement timeouts from the db_* settings; opened on first use, at most `max_size`
+connections (README: the connection budget).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from app.metrics import statement_sent
+
+if TYPE_CHECKING:
+    import asyncpg
+
+
+
+async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
+    return None
+
+
+class DirectReads:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_size: int,
+        connect_timeout_s: float,
+        acquire_timeout_s: float,
+        statement_timeout_ms: int,
+        command_timeout_s: float,
+    ) -> None:
+        self._dsn = dsn
+        self._max_size = max_size
+        self._connect_timeout_s = connect_timeout_s
+        self._acquire_timeout_s = acquire_timeout_s
+        self._statement_timeout_ms = statement_timeout_ms
+        self._command_timeout_s = command_timeout_s
+        self._pool: asyncpg.Pool | None = None
+        self._opening = asyncio.Lock()
+
+    async def _opened(self) -> asyncpg.Pool:
+        if self._pool is None:
+            async with self._opening:
+                if self._pool is None:
+                    import asyncpg
+
+                    self._pool = await asyncpg.create_pool(
+                        self._dsn,
+                        min_size=0,
+                        max_size=self._max_size,
+                        timeout=self._connect_timeout_s,
+                        command_timeout=self._command_timeout_s,
+                        server_settings={
+                            "statement_timeout": str(self._statement_timeout_ms),
+                            # One plan per statement, made once per connection: these
+                            # statements are planned alike for any parameters, and
+                            # planning one (about a millisecond) costs more than running it.
+                            "plan_cache_mode": "force_generic_plan",
+                        },
+                        # Nothing here changes session state (one read statement, no
+                        # transaction), so a returned connection needs no RESET ALL.
+                        reset=_nothing_to_reset,
+                    )
+        return self._pool
+
+    async def fetchval(self, sql: str, params: tuple[Any, ...]) -> Any:
+        pool = await self._opened()
+        async with pool.acquire(timeout=self._acquire_timeout_s) as conn:
+            statement_sent()
+            return await conn.fetchval(sql, *params)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()

@@ -1,0 +1,563 @@
+"""The compiled read path: a GraphQL read whose answer one statement can build.
+
+A query text is planned once, after it has run cleanly through the plain path (so it
+parsed, validated and passed the limits, none of which depends on variables): its
+selection (fragments expanded, fields merged by response key, @skip/@include decided,
+aliases kept) becomes a shape (app/capacity/shapes.py) the domain compiles into one SQL
+statement. Per request only what must be done is: coerce the variables, decide the
+directives that depend on them, read the arguments, compute the cost (it depends on
+`first`), and ask the domain. Anything the plan does not cover (another root field,
+`offers`, `policy`, a quota's `grant`...) is simply not planned, and runs on the plain
+path; so is every answer with an error, which the domain declines to give.
+
+Only public graphql-core functions are used: parse, get_operation_ast, type_from_ast,
+value_from_ast, get_variable_values, get_argument_values. Variables of plain scalar types
+sent with their exact JSON type are taken as they are (graphql-core would coerce them to
+themselves); anything else goes through get_variable_values.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphql import (
+    DocumentNode,
+    FieldNode,
+    FragmentDefinitionNode,
+    FragmentSpreadNode,
+    GraphQLEnumType,
+    GraphQLField,
+    GraphQLIncludeDirective,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLScalarType,
+    GraphQLSchema,
+    GraphQLSkipDirective,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+    OperationType,
+    SelectionSetNode,
+    VariableNode,
+    get_named_type,
+    get_operation_ast,
+    parse,
+    type_from_ast,
+    value_from_ast,
+)
+from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
+from graphql.pyutils import Undefined
+
+from app.capacity.json_reads import CompiledRead
+from app.capacity.service import Capacity
+from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
+from schema.limits import cost_errors
+
+# GraphQL field name -> the domain's value, per kind of object the plan covers.
+_QUOTA = {"poolId": "pool_id", "resource": "resource", "max": "max", "used": "used"}
+_VALUES: dict[str, dict[str, str]] = {
+    "pool": {
+        "id": "id",
+        "tenantId": "tenant_id",
+        "siteId": "site_id",
+        "class": "class",
+        "gpuModel": "gpu_model",
+        "sharing": "sharing",
+        "agent": "agent",
+        "providerAccountId": "provider_account_id",
+        "region": "region",
+        "owned": "owned",
+        "archived": "archived",
+        "version": "version",
+        "createdAt": "created_at",
+        "updatedAt": "updated_at",
+        "policy": "policy",
+    },
+    "quotas": _QUOTA,
+    "offer_quotas": _QUOTA,
+    "capacity": {
+        "resource": "resource",
+        "total": "total",
+        "allocatable": "allocatable",
+        "booked": "booked",
+        "available": "available",
+    },
+    "offers": {
+        "tenantId": "tenant_id",
+        "includeDescendants": "include_descendants",
+        "priority": "priority",
+    },
+    "grant": {
+        "via": "via",
+        "tenantId": "tenant_id",
+        "includeDescendants": "include_descendants",
+        "priority": "priority",
+        "offeredAt": "offered_at",
+    },
+}
+# GraphQL list field -> the kind of its rows, per kind of object.
+_LISTS: dict[str, dict[str, str]] = {
+    "pool": {"quotas": "quotas", "capacity": "capacity", "offers": "offers"},
+    "offers": {"quotas": "offer_quotas"},
+}
+_PAGE_INFO = {
+    "hasNextPage": "has_next_page",
+    "hasPreviousPage": "has_previous_page",
+    "startCursor": "start_cursor",
+    "endCursor": "end_cursor",
+}
+_ROOTS = {"pools": PageShape, "pool": PoolShape}
+# A plan keeps a shape per combination of the variables its directives read.
+_MAX_SHAPES_PER_PLAN = 16
+_MAX_PLANS = 512
+
+
+class Unplanned(Exception):
+    """The selection asks for something the compiled path does not build."""
+
+
+# How the root field's argument gets its value: a variable (with the argument's default
+# when the variable is absent) or a literal, decided once per plan.
+_Argument = tuple[str, str | None, Any]  # (name, variable or None, default or literal)
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    read: CompiledRead  # the domain's statement for the shape
+    arguments: tuple[_Argument, ...]
+
+    def args(self, variables: dict[str, Any]) -> dict[str, Any]:
+        """graphql-core's get_argument_values over variables that coerced."""
+        found: dict[str, Any] = {}
+        for name, variable, value in self.arguments:
+            if variable is None:
+                found[name] = value
+            elif variable in variables:
+                found[name] = variables[variable]
+            elif value is not Undefined:
+                found[name] = value
+        return found
+
+
+def _arguments(field_def: GraphQLField, node: FieldNode) -> tuple[_Argument, ...]:
+    given = {a.name.value: a.value for a in node.arguments or ()}
+    found: list[_Argument] = []
+    for name, argument in field_def.args.items():
+        value = given.get(name)
+        if isinstance(value, VariableNode):
+            found.append((name, value.name.value, argument.default_value))
+        elif value is not None:
+            found.append((name, None, value_from_ast(value, argument.type)))
+        elif argument.default_value is not Undefined:
+            found.append((name, None, argument.default_value))
+    return tuple(found)
+
+
+# A variable the fast coercion handles: (name, scalar, non-null, default or Undefined).
+_Variable = tuple[str, str, bool, Any]
+_EXACT = {"String": (str,), "ID": (str,), "Int": (int,), "Boolean": (bool,)}
+_INT32 = range(-(2**31), 2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What one request asks the domain: the compiled read, its arguments, its cost."""
+
+    read: CompiledRead
+    args: dict[str, Any]
+    cost: int
+
+
+class _Recording(dict[str, Any]):
+    """Variables that remember which of them were read (by the cost estimate)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        super().__init__(values)
+        self.read: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self.read:
+            self.read.append(key)
+        return super().get(key, default)
+
+
+@dataclass
+class Plan:
+    document: DocumentNode
+    operation: OperationDefinitionNode
+    fragments: dict[str, FragmentDefinitionNode]
+    directive_variables: tuple[str, ...]
+    # Every variable is a plain scalar: values of the exact JSON type coerce to
+    # themselves, with no call into graphql-core (None: always call it).
+    variables: tuple[_Variable, ...] | None
+    shapes: dict[tuple[Any, ...], Built | None] = field(default_factory=dict)
+    # The cost depends on the variables it reads (`first`...), found on first estimate.
+    cost_variables: tuple[str, ...] | None = None
+    costs: dict[tuple[Any, ...], int | None] = field(default_factory=dict)
+
+
+def _directive_variables(document: DocumentNode) -> tuple[str, ...]:
+    """Variables any @skip/@include of the document reads."""
+    found: list[str] = []
+
+    def walk(selection_set: SelectionSetNode | None) -> None:
+        for node in selection_set.selections if selection_set else ():
+            for directive in node.directives or ():
+                for argument in directive.arguments or ():
+                    if isinstance(argument.value, VariableNode):
+                        name = argument.value.name.value
+                        if name not in found:
+                            found.append(name)
+            walk(getattr(node, "selection_set", None))
+
+    for definition in document.definitions:
+        walk(getattr(definition, "selection_set", None))
+    return tuple(found)
+
+
+class CompiledReads:
+    def __init__(self, schema: GraphQLSchema, max_cost: int) -> None:
+        self._schema = schema
+        self._max_cost = max_cost
+        self._plans: OrderedDict[tuple[str, str | None], Plan | None] = OrderedDict()
+
+    def plan(self, query: str, operation_name: str | None) -> Plan | None:
+        key = (query, operation_name)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
+
+    def known(self, query: str, operation_name: str | None) -> bool:
+        return (query, operation_name) in self._plans
+
+    def learn(self, query: str, operation_name: str | None) -> None:
+        """Plan a query text that has just run cleanly on the plain path (so it parses,
+        validates and passes the limits); a query that is no read of the plan's kind is
+        remembered as such, so it is not parsed again."""
+        key = (query, operation_name)
+        if key in self._plans:
+            return
+        self._plans[key] = self._make_plan(query, operation_name)
+        if len(self._plans) > _MAX_PLANS:
+            self._plans.popitem(last=False)
+
+    def _make_plan(self, query: str, operation_name: str | None) -> Plan | None:
+        document = parse(query, no_location=True)
+        operation = get_operation_ast(document, operation_name)
+        if operation is None or operation.operation is not OperationType.QUERY:
+            return None
+        if any(
+            getattr(d, "variable_definitions", None)
+            for d in document.definitions
+            if isinstance(d, FragmentDefinitionNode)
+        ):
+            return None  # fragment variables (experimental syntax)
+        fragments = {
+            d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
+        }
+        return Plan(
+            document,
+            operation,
+            fragments,
+            _directive_variables(document),
+            self._plain_variables(operation),
+        )
+
+    def _plain_variables(self, operation: OperationDefinitionNode) -> tuple[_Variable, ...] | None:
+        found: list[_Variable] = []
+        for definition in operation.variable_definitions or ():
+            kind = type_from_ast(self._schema, definition.type)
+            non_null = isinstance(kind, GraphQLNonNull)
+            named = kind.of_type if isinstance(kind, GraphQLNonNull) else kind
+            if not isinstance(named, GraphQLScalarType) or named.name not in _EXACT:
+                return None
+            default = (
+                Undefined
+                if definition.default_value is None
+                else value_from_ast(definition.default_value, named)
+            )
+            found.append((definition.variable.name.value, named.name, non_null, default))
+        return tuple(found)
+
+    @staticmethod
+    def _coerced(plan: Plan, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """The variables as graphql-core coerces them, when each is of its exact type,
+        null where it may be, or absent; None when graphql-core must decide."""
+        if plan.variables is None:
+            return None
+        found: dict[str, Any] = {}
+        for name, scalar, non_null, default in plan.variables:
+            if name in raw:
+                value = raw[name]
+                if value is None:
+                    if non_null:
+                        return None
+                elif type(value) not in _EXACT[scalar] or (scalar == "Int" and value not in _INT32):
+                    return None
+                found[name] = value
+            elif default is not Undefined:
+                found[name] = default
+            elif non_null:
+                return None
+        return found
+
+    def prepare(
+        self, plan: Plan, variables: Mapping[str, Any] | None, capacity: Capacity
+    ) -> Prepared | None:
+        """The request's compiled read, arguments and cost, or None for the plain path
+        (variables that do not coerce, a selection the plan does not cover, a cost over
+        budget)."""
+        raw = dict(variables or {})
+        coerced = self._coerced(plan, raw)
+        full: VariableValues | None = None
+        if coerced is None:
+            result = get_variable_values(
+                self._schema, plan.operation.variable_definitions or (), raw
+            )
+            if not isinstance(result, VariableValues):
+                return None
+            full, coerced = result, result.coerced
+        key = tuple(_hashable(coerced.get(n)) for n in plan.directive_variables)
+        if key in plan.shapes:
+            built = plan.shapes[key]
+        else:
+            if full is None:
+                result = get_variable_values(
+                    self._schema, plan.operation.variable_definitions or (), raw
+                )
+                assert isinstance(result, VariableValues)  # as the fast coercion found
+                full = result
+            built = self._build(plan, full, capacity)
+            if len(plan.shapes) < _MAX_SHAPES_PER_PLAN:
+                plan.shapes[key] = built
+        if built is None:
+            return None
+        cost = self._cost(plan, raw)
+        if cost is None:
+            return None
+        return Prepared(built.read, built.args(coerced), cost)
+
+    def _cost(self, plan: Plan, raw: dict[str, Any]) -> int | None:
+        """schema/limits.py's estimate (None: over the budget), kept per value of the
+        variables it reads."""
+        if plan.cost_variables is not None:
+            key = tuple(_hashable(raw.get(n)) for n in plan.cost_variables)
+            if key in plan.costs:
+                return plan.costs[key]
+        recording = _Recording(raw)
+        costs: dict[str | None, int] = {}
+        refused = cost_errors(self._schema, plan.document, recording, self._max_cost, costs)
+        name = plan.operation.name.value if plan.operation.name else None
+        cost = None if refused else costs.get(name, next(iter(costs.values()), 0))
+        if plan.cost_variables is None:
+            plan.cost_variables = tuple(recording.read)
+        if len(plan.costs) < _MAX_SHAPES_PER_PLAN:
+            plan.costs[tuple(_hashable(raw.get(n)) for n in plan.cost_variables)] = cost
+        return cost
+
+    # --- planning ----------------------------------------------------------------------
+
+    def _build(self, plan: Plan, variables: VariableValues, capacity: Capacity) -> Built | None:
+        try:
+            shape, root, field_def, node = self._shape(plan, variables)
+        except Unplanned:
+            return None
+        read = capacity.compile_read(shape, root)
+        return None if read is None else Built(read, _arguments(field_def, node))
+
+    def _shape(
+        self, plan: Plan, variables: VariableValues
+    ) -> tuple[Shape, tuple[Constant, ...], GraphQLField, FieldNode]:
+        query_type = self._schema.query_type
+        assert query_type is not None
+        selected = self._collect(plan, [plan.operation.selection_set], variables)
+        root: list[Constant] = []
+        data: tuple[str, str, list[FieldNode]] | None = None
+        for key, nodes in selected.items():
+            name = nodes[0].name.value
+            if name == "__typename":
+                root.append(Constant(key, query_type.name))
+            elif name in _ROOTS and data is None:
+                data = (key, name, nodes)
+            else:
+                raise Unplanned(name)
+        if data is None:
+            raise Unplanned("no read")
+        key, name, nodes = data
+        field_def = query_type.fields[name]
+        parent = get_named_type(field_def.type)
+        assert isinstance(parent, GraphQLObjectType)
+        below = self._collect(plan, [n.selection_set for n in nodes if n.selection_set], variables)
+        if name == "pools":
+            shape: Shape = PageShape(key, self._page(plan, parent, below, variables))
+        else:
+            shape = PoolShape(key, self._pool(plan, parent, below, variables))
+        return shape, tuple(root), field_def, nodes[0]
+
+    def _collect(
+        self,
+        plan: Plan,
+        selection_sets: Sequence[SelectionSetNode],
+        variables: VariableValues,
+    ) -> dict[str, list[FieldNode]]:
+        """Fields by response key, in first-seen order (graphql-core's CollectFields)."""
+        found: dict[str, list[FieldNode]] = {}
+        seen_fragments: set[str] = set()
+
+        def walk(selection_set: SelectionSetNode) -> None:
+            for node in selection_set.selections:
+                if not _included(node, variables):
+                    continue
+                if isinstance(node, FieldNode):
+                    key = node.alias.value if node.alias else node.name.value
+                    found.setdefault(key, []).append(node)
+                elif isinstance(node, InlineFragmentNode):
+                    walk(node.selection_set)
+                elif isinstance(node, FragmentSpreadNode):
+                    name = node.name.value
+                    if name not in seen_fragments:
+                        seen_fragments.add(name)
+                        walk(plan.fragments[name].selection_set)
+
+        for selection_set in selection_sets:
+            walk(selection_set)
+        return found
+
+    def _subfields(
+        self, plan: Plan, nodes: list[FieldNode], variables: VariableValues
+    ) -> dict[str, list[FieldNode]]:
+        if any(n.arguments for n in nodes):
+            raise Unplanned("arguments below the root")
+        return self._collect(plan, [n.selection_set for n in nodes if n.selection_set], variables)
+
+    def _page(
+        self,
+        plan: Plan,
+        parent: GraphQLObjectType,
+        selected: dict[str, list[FieldNode]],
+        variables: VariableValues,
+    ) -> tuple[Field, ...]:
+        fields: list[Field] = []
+        for key, nodes in selected.items():
+            name = nodes[0].name.value
+            if name == "__typename":
+                fields.append(Constant(key, parent.name))
+                continue
+            if name not in ("nodes", "edges", "pageInfo"):
+                raise Unplanned(name)
+            inner = get_named_type(parent.fields[name].type)
+            assert isinstance(inner, GraphQLObjectType)
+            below = self._subfields(plan, nodes, variables)
+            if name == "nodes":
+                fields.append(Nested(key, "nodes", self._pool(plan, inner, below, variables)))
+            elif name == "edges":
+                fields.append(Nested(key, "edges", self._edge(plan, inner, below, variables)))
+            else:
+                fields.append(Nested(key, "page_info", _values(inner, below, _PAGE_INFO)))
+        return tuple(fields)
+
+    def _edge(
+        self,
+        plan: Plan,
+        parent: GraphQLObjectType,
+        selected: dict[str, list[FieldNode]],
+        variables: VariableValues,
+    ) -> tuple[Field, ...]:
+        fields: list[Field] = []
+        for key, nodes in selected.items():
+            name = nodes[0].name.value
+            if name == "__typename":
+                fields.append(Constant(key, parent.name))
+            elif name == "cursor":
+                fields.append(Read(key, "cursor"))
+            elif name == "node":
+                inner = get_named_type(parent.fields[name].type)
+                assert isinstance(inner, GraphQLObjectType)
+                below = self._subfields(plan, nodes, variables)
+                fields.append(Nested(key, "node", self._pool(plan, inner, below, variables)))
+            else:
+                raise Unplanned(name)
+        return tuple(fields)
+
+    def _pool(
+        self,
+        plan: Plan,
+        parent: GraphQLObjectType,
+        selected: dict[str, list[FieldNode]],
+        variables: VariableValues,
+    ) -> tuple[Field, ...]:
+        return self._object(plan, "pool", parent, selected, variables)
+
+    def _object(
+        self,
+        plan: Plan,
+        kind: str,
+        parent: GraphQLObjectType,
+        selected: dict[str, list[FieldNode]],
+        variables: VariableValues,
+    ) -> tuple[Field, ...]:
+        """The fields of an object of `kind`: values, lists of rows, a quota's grant."""
+        fields: list[Field] = []
+        for key, nodes in selected.items():
+            name = nodes[0].name.value
+            rows = _LISTS.get(kind, {}).get(name)
+            nested = rows or (name == "grant" and kind in ("quotas", "offer_quotas"))
+            if not nested:
+                fields.extend(_values(parent, {key: nodes}, _VALUES[kind]))
+                continue
+            inner = get_named_type(parent.fields[name].type)
+            assert isinstance(inner, GraphQLObjectType)
+            below = self._subfields(plan, nodes, variables)
+            if rows:
+                inside = self._object(plan, rows, inner, below, variables)
+                fields.append(Rows(key, rows, inside))  # type: ignore[arg-type]
+            else:
+                fields.append(Nested(key, "grant", _values(inner, below, _VALUES["grant"])))
+        return tuple(fields)
+
+
+def _values(
+    parent: GraphQLObjectType, selected: dict[str, list[FieldNode]], names: dict[str, str]
+) -> tuple[Field, ...]:
+    """Leaf fields: `__typename`, or a value the domain reads (enums mapped by name)."""
+    fields: list[Field] = []
+    for key, nodes in selected.items():
+        name = nodes[0].name.value
+        if name == "__typename":
+            fields.append(Constant(key, parent.name))
+            continue
+        value = names.get(name)
+        if value is None or nodes[0].arguments:
+            raise Unplanned(name)
+        leaf = get_named_type(parent.fields[name].type)
+        mapping = None
+        if isinstance(leaf, GraphQLEnumType):
+            mapping = tuple((str(v.value), n) for n, v in leaf.values.items())
+        fields.append(Read(key, value, mapping))  # type: ignore[arg-type]
+    return tuple(fields)
+
+
+def _included(
+    node: FieldNode | InlineFragmentNode | FragmentSpreadNode | Any, variables: VariableValues
+) -> bool:
+    """@skip and @include, as graphql-core decides them."""
+    for directive in node.directives or ():
+        name = directive.name.value
+        if name == GraphQLSkipDirective.name:
+            decided = get_argument_values(GraphQLSkipDirective, directive, variables)
+            if decided.get("if") is True:
+                return False
+        elif name == GraphQLIncludeDirective.name:
+            decided = get_argument_values(GraphQLIncludeDirective, directive, variables)
+            if decided.get("if") is False:
+                return False
+        else:
+            raise Unplanned(f"@{name}")
+    return True
+
+
+def _hashable(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool | None) else repr(value)

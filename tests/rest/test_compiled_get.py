@@ -1,0 +1,83 @@
+"""REST `pools/get` answered by its compiled statement (app/rest/render.py GET_SHAPE)
+gives the plain path's bytes: every caller of the compiled world, every pool (owned,
+offered, offered to an ancestor, archived, with a join secret, not visible), bad input,
+revoked and rebound tokens, on both dialects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from prometheus_client import REGISTRY
+
+from app.capacity.service import Capacity
+from app.iam.callers import authenticate, rebind_caller, revoke_token
+from tests.compiled_world import CALLERS, Pair, World, pair, world
+from tests.support import Fleet
+
+__all__ = ["pair", "world"]  # fixtures
+
+
+def _answered() -> float:
+    found = REGISTRY.get_sample_value("bettercompute_compiled_reads_total", {"outcome": "answered"})
+    return found or 0.0
+
+
+async def _get(client: httpx.AsyncClient, token: str, body: Any) -> tuple[Any, ...]:
+    response = await client.post(
+        "/api/compute/pools/get",
+        json=body,
+        headers={"authorization": f"Bearer {token}"},
+    )
+    headers = {k: v for k, v in response.headers.items() if k != "x-request-id"}
+    return response.status_code, headers, response.content
+
+
+async def test_get_answers_alike(pair: Pair, world: World, dialect: str) -> None:
+    before = _answered()
+    bodies: list[Any] = [
+        {"tenantId": tenant, "poolId": pool}
+        for tenant in ("acme", "globex", "globex-dev", "initech")
+        for pool in [*world.pools.values(), "pool_01j00000000000000000000000"]
+    ]
+    bodies += [{"tenantId": "acme"}, {"tenantId": "acme", "poolId": "x"}, [], "x", None]
+    for caller in CALLERS:
+        for body in bodies:
+            token = world.tokens[caller]
+            plain = await _get(pair.plain, token, body)
+            assert await _get(pair.fast, token, body) == plain, (caller, body)
+            assert await _get(pair.fast, token, body) == plain, (caller, body)
+    answered = _answered() - before
+    if dialect == "postgresql":
+        assert answered >= 40, answered
+    else:
+        assert answered == 0
+
+
+async def test_a_secret_is_never_read_back(pair: Pair, world: World, dialect: str) -> None:
+    token = world.tokens["acme-admin"]
+    body = {"tenantId": "acme", "poolId": world.pools["p2"]}
+    for _ in range(2):
+        status, _, content = await _get(pair.fast, token, body)
+        assert status == 200
+        assert b"tokenSet" in content
+        assert b"abcdef.0123456789abcdef" not in content
+
+
+async def test_a_rebound_or_revoked_caller_is_answered_as_now(
+    pair: Pair, world: World, fleet: Fleet
+) -> None:
+    token = await fleet.caller("acme", "admin")
+    body = {"tenantId": "acme", "poolId": world.pools["p0"]}
+    for _ in range(2):
+        assert (await _get(pair.fast, token, body))[0] == 200
+    capacity: Capacity = pair.fast._transport.app.state.capacity  # type: ignore[attr-defined]
+    principal = await authenticate(capacity.db, f"Bearer {token}")
+    async with capacity.unit_of_work() as uow:  # may no longer share: offers are null
+        await rebind_caller(uow, principal.caller_id, "viewer")
+    assert await _get(pair.fast, token, body) == await _get(pair.plain, token, body)
+    await revoke_token(fleet.db, token)
+    for sent in (body, {"tenantId": "acme"}, "not an object"):
+        revoked = await _get(pair.fast, token, sent)
+        assert revoked == await _get(pair.plain, token, sent)
+        assert revoked[0] == 401, revoked
