@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final, cast
 
 from graphql import GraphQLFormattedError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -231,11 +231,31 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
         await super().handle_subscribe(message)
 
 
+class _AnyOperation:
+    """A schema whose `subscribe` runs any operation (`stream`, strawberry's public API):
+    strawberry's legacy handler asks `subscribe`, which refuses queries and mutations, so a
+    query over graphql-ws answered INTERNAL where graphql-transport-ws answers it."""
+
+    def __init__(self, schema: Any) -> None:
+        self._schema = schema
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._schema, name)
+
+    async def subscribe(self, **kwargs: Any) -> Any:
+        return await self._schema.stream(**kwargs)
+
+
 class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
-    """Also given what the newer protocol has: a connection_init deadline (4408) and a
-    single initialisation (a second one closes with 4429)."""
+    """Also given what the newer protocol has: a connection_init deadline (4408), a
+    single initialisation (a second one closes with 4429), and queries and mutations
+    answered once, then `complete`."""
 
     websocket: TextFrames
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.schema = cast(Any, _AnyOperation(self.schema))
 
     async def handle(self) -> None:
         deadline = asyncio.create_task(self._close_unless_initialised())

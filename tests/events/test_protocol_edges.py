@@ -284,3 +284,23 @@ def _errors(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _error_codes(message: dict[str, Any]) -> list[tuple[str, str]]:
     return [(message["id"], e["extensions"]["code"]) for e in _errors(message)]
+
+
+@pytest.mark.parametrize("protocol", BOTH)
+async def test_a_query_over_either_protocol_answers_once_and_completes(
+    server: tuple[str, str], protocol: str
+) -> None:
+    """A query (not a subscription) sent over a websocket gets its one result, then
+    `complete`; a mutation too: both protocols carry any operation."""
+    address, token = server
+    kind = "subscribe" if protocol == TRANSPORT_WS else "start"
+    data = "next" if protocol == TRANSPORT_WS else "data"
+    async with connect(f"ws://{address}/graphql", subprotocols=[protocol]) as ws:
+        await send(ws, init(token))
+        assert (await receive(ws))["type"] == "connection_ack"
+        query = {"query": 'query { pools(tenantId: "acme") { nodes { id } } }'}
+        await send(ws, {"id": "q", "type": kind, "payload": query})
+        answer = await receive(ws)
+        assert answer["type"] == data, answer
+        assert answer["payload"] == {"data": {"pools": {"nodes": []}}}, answer
+        assert (await receive(ws)) == {"id": "q", "type": "complete"}
