@@ -35,7 +35,7 @@ from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.errors import DomainError
 from app.http.responses import JSONResponse
-from app.http.status import http_status
+from app.http.status import http_status, request_failure
 from app.iam.callers import bearer_token_hash
 from app.iam.principal import Principal
 from app.metrics import COMPILED_READS
@@ -158,7 +158,7 @@ class GraphQLView(GraphQL[Context, None]):
         except PersistedQueryError as exc:
             response = refused(400, exc.message, code=exc.code)
         except Exception as exc:  # the body limit (413), or a failure outside GraphQL
-            error = to_domain_error(exc)  # logs what it masks
+            error = request_failure(exc)  # logs what it masks
             response = refused_with(error, status_code=http_status(error))
         await response(scope, receive, send)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from app.errors import DomainError
+from starlette.requests import ClientDisconnect
+
+from app.db.errors import to_domain_error
+from app.errors import DomainError, InvalidInput
 from app.http.body_limit import BodyTooLarge
 
 STATUS_OF_CODE: dict[str, int] = {
@@ -23,3 +26,12 @@ def http_status(error: DomainError) -> int:
     if isinstance(error, BodyTooLarge):
         return 413
     return STATUS_OF_CODE.get(error.code, 500)
+
+
+def request_failure(exc: BaseException) -> DomainError:
+    """What a failure while serving a request answers. A client that left before its
+    body arrived caused it (INVALID_INPUT, which nobody reads): no INTERNAL error, no
+    traceback in the log; anything else as the domain maps it (app/db/errors.py)."""
+    if isinstance(exc, ClientDisconnect):
+        return InvalidInput("the client closed the request before its body arrived")
+    return to_domain_error(exc)

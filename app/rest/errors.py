@@ -6,10 +6,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.db.errors import RETRY_AFTER_S, to_domain_error
+from app.db.errors import RETRY_AFTER_S
 from app.errors import DomainError, InvalidInput, NotFound
 from app.http.responses import JSONResponse
-from app.http.status import http_status
+from app.http.status import http_status, request_failure
 from app.observe import record_code
 
 
@@ -18,7 +18,7 @@ def error_body(error: DomainError) -> dict[str, object]:
 
 
 def error_response(exc: BaseException) -> Response:
-    error = to_domain_error(exc)
+    error = request_failure(exc)
     record_code(error.code)
     headers: dict[str, str] | None = None
     if error.code == "UNAUTHENTICATED":
