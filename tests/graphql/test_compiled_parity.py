@@ -15,6 +15,7 @@ import random
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client import REGISTRY
 
 from app.iam.callers import revoke_token
@@ -22,6 +23,8 @@ from tests.compiled_world import CALLERS, Pair, World, pair, world
 from tests.support import Fleet
 
 __all__ = ["pair", "world"]  # fixtures
+# The compiled path against the plain one: nothing to compare on the plain path.
+pytestmark = pytest.mark.fast_path
 
 # --- the corpus ------------------------------------------------------------------------
 

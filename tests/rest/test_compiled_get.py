@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client import REGISTRY
 
 from app.capacity.service import Capacity
@@ -16,6 +17,8 @@ from tests.compiled_world import CALLERS, Pair, World, pair, world
 from tests.support import Fleet
 
 __all__ = ["pair", "world"]  # fixtures
+# The compiled path against the plain one: nothing to compare on the plain path.
+pytestmark = pytest.mark.fast_path
 
 
 def _answered() -> float:
