@@ -426,12 +426,20 @@ class CompiledReads:
             walk(selection_set)
         return found
 
-    def _subfields(
-        self, plan: Plan, nodes: list[FieldNode], variables: VariableValues
-    ) -> dict[str, list[FieldNode]]:
+    def _below(
+        self,
+        plan: Plan,
+        parent: GraphQLObjectType,
+        nodes: list[FieldNode],
+        variables: VariableValues,
+    ) -> tuple[GraphQLObjectType, dict[str, list[FieldNode]]]:
+        """The object type a field of `parent` returns, and what is selected of it."""
         if any(n.arguments for n in nodes):
             raise Unplanned("arguments below the root")
-        return self._collect(plan, [n.selection_set for n in nodes if n.selection_set], variables)
+        inner = get_named_type(parent.fields[nodes[0].name.value].type)
+        assert isinstance(inner, GraphQLObjectType)
+        below = [n.selection_set for n in nodes if n.selection_set]
+        return inner, self._collect(plan, below, variables)
 
     def _page(
         self,
@@ -448,9 +456,7 @@ class CompiledReads:
                 continue
             if name not in ("nodes", "edges", "pageInfo"):
                 raise Unplanned(name)
-            inner = get_named_type(parent.fields[name].type)
-            assert isinstance(inner, GraphQLObjectType)
-            below = self._subfields(plan, nodes, variables)
+            inner, below = self._below(plan, parent, nodes, variables)
             if name == "nodes":
                 fields.append(Nested(key, "nodes", self._pool(plan, inner, below, variables)))
             elif name == "edges":
@@ -474,9 +480,7 @@ class CompiledReads:
             elif name == "cursor":
                 fields.append(Read(key, "cursor"))
             elif name == "node":
-                inner = get_named_type(parent.fields[name].type)
-                assert isinstance(inner, GraphQLObjectType)
-                below = self._subfields(plan, nodes, variables)
+                inner, below = self._below(plan, parent, nodes, variables)
                 fields.append(Nested(key, "node", self._pool(plan, inner, below, variables)))
             else:
                 raise Unplanned(name)
@@ -508,9 +512,7 @@ class CompiledReads:
             if not nested:
                 fields.extend(_values(parent, {key: nodes}, _VALUES[kind]))
                 continue
-            inner = get_named_type(parent.fields[name].type)
-            assert isinstance(inner, GraphQLObjectType)
-            below = self._subfields(plan, nodes, variables)
+            inner, below = self._below(plan, parent, nodes, variables)
             if rows:
                 inside = self._object(plan, rows, inner, below, variables)
                 fields.append(Rows(key, rows, inside))  # type: ignore[arg-type]
