@@ -219,10 +219,15 @@ class GraphQLView(GraphQL[Context, None]):
         if not isinstance(body, dict) or not isinstance(body.get("query"), str):
             return None, None
         name, variables = body.get("operationName"), body.get("variables")
-        if not isinstance(name, str | None) or not isinstance(variables, dict | None):
-            return None, None
+        extensions = body.get("extensions")
+        if not (
+            isinstance(name, str | None)
+            and isinstance(variables, dict | None)
+            and isinstance(extensions, dict | None)
+        ):
+            return None, None  # the plain path refuses it (400)
         try:
-            query = self.persisted.resolve(body["query"], body.get("extensions"))
+            query = self.persisted.resolve(body["query"], extensions)
         except PersistedQueryError:
             return None, None
         if query is None:

@@ -290,6 +290,25 @@ async def test_generated_queries_answer_alike(pair: Pair, world: World, dialect:
         assert answered >= 20, answered
 
 
+async def test_malformed_requests_answer_alike(pair: Pair, world: World) -> None:
+    """Fields of the wrong JSON type are refused as the plain path refuses them, for a
+    caller the compiled path remembers too."""
+    token = world.tokens["acme-admin"]
+    query = 'query { pools(tenantId: "acme") { nodes { id } } }'
+    for _ in range(2):  # learnt and remembered
+        assert (await _post(pair.fast, token, {"query": query}))[0] == 200
+    for bad in (
+        {"query": query, "extensions": "x"},
+        {"query": query, "extensions": []},
+        {"query": query, "variables": "x"},
+        {"query": query, "variables": []},
+        {"query": query, "operationName": 5},
+        {"query": 5},
+        {"query": query, "extensions": {"persistedQuery": "x"}},
+    ):
+        assert await _post(pair.fast, token, bad) == await _post(pair.plain, token, bad), bad
+
+
 async def test_a_rebound_or_revoked_caller_is_answered_as_now(
     pair: Pair, world: World, fleet: Fleet
 ) -> None:
