@@ -57,9 +57,9 @@ from app.db.engine import Database, create_database
 from app.iam.callers import authenticate, create_caller
 from bench.database import bench_database
 from bench.fanout_workers import clients_main, writer_main
+from bench.proc import cpu_s
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-TICKS = os.sysconf("SC_CLK_TCK")
 
 # Targets (issue 15), checked on the full-size run only.
 P99_MS = 100.0
@@ -105,15 +105,6 @@ def rss_kb(pid: int) -> int:
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
 
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 async def wait_healthy(address: str) -> None:

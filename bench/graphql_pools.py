@@ -58,13 +58,13 @@ from app.iam.callers import create_caller
 from app.ids import new_id
 from bench.database import bench_database
 from bench.native_load import HttpRequest, LoadGenerator, LoadResult, ensure_generator
+from bench.proc import TICKS, cpu_s
 
 CONNECTIONS = 16
 THREADS = 1  # wrk threads under load: one keeps up with these rates (its CPU is printed)
 SIZES = (10, 100, 200, 1000)
 PAGE = 100
 ONE_POOL_TENANT = 100  # the one-pool queries run as the tenant that sees 100 pools
-TICKS = os.sysconf("SC_CLK_TCK")
 
 DASHBOARD = """query Dashboard($tenantId: String!, $first: Int, $after: String) {
   pools(tenantId: $tenantId, first: $first, after: $after) {
@@ -246,15 +246,6 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         process.kill()
         process.wait()
 
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def machine_busy_s() -> float:
