@@ -112,6 +112,9 @@ _ROOTS = {"pools": PageShape, "pool": PoolShape}
 # A plan keeps a shape per combination of the variables its directives read.
 _MAX_SHAPES_PER_PLAN = 16
 _MAX_PLANS = 512
+# Plans keep their query text as their key: a text longer than any dashboard's (a large
+# comment, say) runs on the plain path, so the plans hold at most 512 x 64 KiB.
+MAX_PLANNED_QUERY_CHARS = 64 * 1024
 
 
 class Unplanned(Exception):
@@ -238,7 +241,7 @@ class CompiledReads:
         validates and passes the limits); a query that is no read of the plan's kind is
         remembered as such, so it is not parsed again."""
         key = (query, operation_name)
-        if key in self._plans:
+        if key in self._plans or len(query) > MAX_PLANNED_QUERY_CHARS:
             return
         self._plans[key] = self._make_plan(query, operation_name)
         if len(self._plans) > _MAX_PLANS:

@@ -192,12 +192,14 @@ class GraphQLView(GraphQL[Context, None]):
 
     def _compiled_token(self, request: Request) -> str | None:
         """The token's hash when this request may take the compiled read path: a POST of
-        JSON with a well-formed bearer token, no cost budget to charge per operation."""
+        JSON with a well-formed bearer token, no cost budget to charge per operation, a
+        store that compiles reads (PostgreSQL)."""
         if (
             self.compiled is None
             or request.method != "POST"
             or "application/json" not in request.headers.get("content-type", "")
             or request.app.state.rate_limiter.cost is not None
+            or not request.app.state.capacity.compiles_reads
         ):
             return None
         try:

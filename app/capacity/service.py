@@ -176,6 +176,11 @@ class Capacity:
     ) -> list[QuotaView]:
         return await self._read(reads, lambda conn: pool_reads.list_quotas(conn, principal, inp))
 
+    @property
+    def compiles_reads(self) -> bool:
+        """Whether compiled reads answer here (PostgreSQL); elsewhere the plain reads do."""
+        return self.db.dialect == "postgresql"
+
     @staticmethod
     def compile_read(
         shape: Shape, root: tuple[Constant, ...] = ()
@@ -196,7 +201,7 @@ class Capacity:
         decisions differ per pool, a token no longer live, a pool not visible, SQLite):
         the plain read then gives it, error and all. `args` are the transport's tenantId,
         first and after, or tenantId and poolId."""
-        if self.db.dialect != "postgresql":
+        if not self.compiles_reads:
             return None
         tail: tuple[object, ...]
         try:

@@ -38,7 +38,11 @@ def _endpoint(method: Method) -> Any:
         capacity: Capacity = request.app.state.capacity
         authorization = request.headers.get("authorization")
         try:
-            fast = compiled is not None and request.app.state.settings.fast_path
+            fast = (
+                compiled is not None
+                and request.app.state.settings.fast_path
+                and capacity.compiles_reads
+            )
             hashed = _token_hash(authorization) if fast else None
             remembered = capacity.principals.get(hashed) if hashed is not None else None
             principal = remembered or await authenticate(capacity.db, authorization)

@@ -290,6 +290,26 @@ async def test_generated_queries_answer_alike(pair: Pair, world: World, dialect:
         assert answered >= 20, answered
 
 
+async def test_a_long_query_text_is_never_planned(pair: Pair, world: World, dialect: str) -> None:
+    """Plans are kept by query text: one longer than MAX_PLANNED_QUERY_CHARS (here a
+    long comment) answers alike on the plain path, and is not kept."""
+    from schema.compiled_reads import MAX_PLANNED_QUERY_CHARS
+
+    token = world.tokens["acme-admin"]
+    padding = "# " + "x" * MAX_PLANNED_QUERY_CHARS + "\n"
+    body = {"query": padding + 'query { pools(tenantId: "acme") { nodes { id } } }'}
+    before = _answered()
+    answers = [await _post(pair.fast, token, body) for _ in range(3)]
+    assert answers[0][0] == 200
+    assert answers == [await _post(pair.plain, token, body)] * 3
+    assert _answered() == before
+    if dialect == "postgresql":  # the same query, short, is planned and answered
+        short = {"query": 'query { pools(tenantId: "acme") { nodes { id } } }'}
+        for _ in range(2):
+            await _post(pair.fast, token, short)
+        assert _answered() == before + 1
+
+
 async def test_malformed_requests_answer_alike(pair: Pair, world: World) -> None:
     """Fields of the wrong JSON type are refused as the plain path refuses them, for a
     caller the compiled path remembers too."""
