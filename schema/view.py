@@ -66,6 +66,8 @@ logger = logging.getLogger(__name__)
 # Whether the plain path's operation ran without errors: its query text may then be
 # planned for the compiled path.
 _clean_run: ContextVar[bool] = ContextVar("clean_run", default=False)
+# The request's context, for parse_http_body (strawberry does not pass it there).
+_http_context: ContextVar[Context | None] = ContextVar("http_context", default=None)
 _ANSWERED, _DECLINED = COMPILED_READS.labels("answered"), COMPILED_READS.labels("declined")
 
 
@@ -115,6 +117,7 @@ class GraphQLView(GraphQL[Context, None]):
             )(scope, receive, send)
             return
         context = self._context(request, None)
+        _http_context.set(context)
         capacity: Capacity = request.app.state.capacity
         # A caller this process has seen may be answered by a compiled read, whose one
         # statement checks the token again (schema/compiled_reads.py); any other request
@@ -229,7 +232,7 @@ class GraphQLView(GraphQL[Context, None]):
         ):
             return None, None  # the plain path refuses it (400)
         try:
-            query = self.persisted.resolve(body["query"], extensions)
+            query = self.persisted.resolve(body["query"], extensions, principal.tenant_id)
         except PersistedQueryError:
             return None, None
         if query is None:
@@ -295,7 +298,11 @@ class GraphQLView(GraphQL[Context, None]):
                 raise HTTPException(400, "the request body must be a JSON object")
         data = await super().parse_http_body(request)
         if isinstance(data, GraphQLRequestData):
-            data.query = self.persisted.resolve(data.query, data.extensions)
+            # Registrations are per tenant; a request with one is authenticated already.
+            context = _http_context.get()
+            by_hash = context is not None and "persistedQuery" in (data.extensions or {})
+            tenant = (await context.principal()).tenant_id if context and by_hash else None
+            data.query = self.persisted.resolve(data.query, data.extensions, tenant)
             sent_operation_name.set(data.operation_name)  # for OperationChecks
         return data
 

@@ -153,15 +153,19 @@ def _too_many(limit: int) -> GraphQLFormattedError:
     }
 
 
-def _persisted_query(view: object, payload: Mapping[str, object]) -> str | GraphQLFormattedError:
-    """The document a subscribe/start message runs under the view's persisted-query mode
-    (an allow-list holds for websockets too), or the error that refuses it."""
+def _persisted_query(
+    view: object, payload: Mapping[str, object], tenant: str
+) -> str | GraphQLFormattedError:
+    """The document a subscribe/start message of a `tenant`'s caller runs under the view's
+    persisted-query mode (an allow-list holds for websockets too; registrations are the
+    tenant's own), or the error that refuses it."""
     persisted: PersistedQueries = view.persisted  # type: ignore[attr-defined]
     query, extensions = payload.get("query"), payload.get("extensions")
     try:
         resolved = persisted.resolve(
             query if isinstance(query, str) and query else None,  # "" with a hash: by hash
             extensions if isinstance(extensions, dict) else None,
+            tenant,
         )
     except PersistedQueryError as exc:
         return {"message": exc.message, "extensions": {"code": exc.code}}
@@ -219,7 +223,8 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
             )
             return
         if self.connection_acknowledged:
-            query = _persisted_query(self.view, message["payload"])
+            tenant = (await self.context.principal()).tenant_id  # checked just above
+            query = _persisted_query(self.view, message["payload"], tenant)
             if not isinstance(query, str):
                 await self.send_message(
                     transport_ws.ErrorMessage(id=message["id"], type="error", payload=[query])
@@ -335,7 +340,8 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
             )
             return
         if self.connection_acknowledged:
-            query = _persisted_query(self.view, message["payload"])
+            tenant = (await self.context.principal()).tenant_id  # checked just above
+            query = _persisted_query(self.view, message["payload"], tenant)
             if not isinstance(query, str):
                 await self.send_message(
                     legacy_ws.ErrorMessage(type="error", id=message["id"], payload=query)
