@@ -52,7 +52,9 @@ class Settings(BaseSettings):
         "event wake-ups between processes: `redis://host:6379/0` or `postgres://user@host/db`",
     )
     graphiql: bool = setting(True, "serve GraphiQL at `/graphql` (switch off in production)")
-    introspection: bool = setting(True, "GraphQL introspection (switch off in production)")
+    introspection: bool = setting(
+        True, "GraphQL introspection, and errors' \"Did you mean\" (switch off in production)"
+    )
     fast_path: bool = setting(
         True,
         "the fast paths: reads compiled into one statement (docs/decisions/0008), the custom "

@@ -13,6 +13,7 @@ import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import DisableIntrospection, ParserCache, SchemaExtension
 from strawberry.schema.config import StrawberryConfig
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext
 
 from app.compat import graphql_core_schema
@@ -36,6 +37,22 @@ class Schema(strawberry.Schema):
         errors (NOT_FOUND, PERMISSION_DENIED...) are answers, not incidents."""
 
 
+def without_suggestions(
+    base: type[StrawberryGraphQLCoreExecutionContext],
+) -> type[StrawberryGraphQLCoreExecutionContext]:
+    """`base` coercing variables without "Did you mean ...?" (an unknown input field, a
+    misspelt enum value): graphql-core's executor classes take `hide_suggestions` in
+    `build`, which execute and subscribe call, but strawberry passes none."""
+
+    class WithoutSuggestions(base):  # type: ignore[valid-type,misc]
+        @classmethod
+        def build(cls, *args: Any, **kwargs: Any) -> Any:
+            kwargs["hide_suggestions"] = True
+            return super().build(*args, **kwargs)
+
+    return WithoutSuggestions
+
+
 @lru_cache(maxsize=8)
 def _build(
     introspection: bool,
@@ -51,7 +68,11 @@ def _build(
         OperationChecks,  # before the limits: which operation runs, and over what
         # Before ParserCache: its on_parse sets the parse options (max_tokens) the cache uses.
         query_limits(
-            max_depth=max_depth, max_aliases=max_aliases, max_tokens=max_tokens, max_cost=max_cost
+            max_depth=max_depth,
+            max_aliases=max_aliases,
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            hide_suggestions=not introspection,
         ),
         # The same query text is parsed once (limits apply: max_tokens is in the key).
         lambda: ParserCache(maxsize=512),
@@ -64,11 +85,16 @@ def _build(
         from app.tracing import graphql_extension
 
         extensions.insert(0, graphql_extension())
-    executor = None  # strawberry's own
+    executor: type[StrawberryGraphQLCoreExecutionContext] = (
+        StrawberryGraphQLCoreExecutionContext  # strawberry's own
+    )
     if fast_executor:  # imported only then: it subclasses what app/compat.py checked
         from schema.executor import FastFieldsExecutor
 
         executor = FastFieldsExecutor
+    if not introspection:
+        # Validation suggests nothing (query_limits); nor does variable coercion.
+        executor = without_suggestions(executor)
     built = Schema(
         query=Query,
         mutation=Mutation,

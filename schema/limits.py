@@ -43,10 +43,12 @@ from graphql import (
     get_named_type,
     get_nullable_type,
     is_list_type,
+    validate,
 )
 from graphql.pyutils import Undefined
 from strawberry.extensions import SchemaExtension
-from strawberry.schema.schema import validate_document
+from strawberry.schema.validation_rules.maybe_null import MaybeNullValidationRule
+from strawberry.schema.validation_rules.one_of import OneOfInputValidationRule
 
 from app.capacity.bounds import (
     MAX_CAPACITY_ROWS,
@@ -323,15 +325,29 @@ def cost_errors(
     return errors
 
 
+# What strawberry's own validation (`validate_document`) adds to the rules it is given.
+STRAWBERRY_RULES: tuple[type[ASTValidationRule], ...] = (
+    MaybeNullValidationRule,
+    OneOfInputValidationRule,
+)
+
+
 @lru_cache(maxsize=512)
 def _validate(
-    schema: GraphQLSchema, document: DocumentNode, rules: tuple[type[ASTValidationRule], ...]
+    schema: GraphQLSchema,
+    document: DocumentNode,
+    rules: tuple[type[ASTValidationRule], ...],
+    hide_suggestions: bool,
 ) -> list[GraphQLError]:
     """Validation depends on the document only (the parser cache hands back the same
     document for the same text), so a dashboard's repeated query is validated once.
     strawberry's ValidationCache caches the same call but runs it in its own hook, always:
-    it would validate a document the limits refuse (validation is what they protect)."""
-    return validate_document(schema, document, rules)
+    it would validate a document the limits refuse (validation is what they protect).
+    `hide_suggestions` (introspection off): no "Did you mean ...?" names the schema's
+    fields, arguments, types or enum values to a caller that may not introspect it."""
+    return validate(
+        schema, document, (*rules, *STRAWBERRY_RULES), hide_suggestions=hide_suggestions
+    )
 
 
 def operation_cost(context: object, cost: int) -> None:
@@ -345,12 +361,17 @@ def operation_cost(context: object, cost: int) -> None:
 
 
 def query_limits(
-    *, max_depth: int, max_aliases: int, max_tokens: int, max_cost: int
+    *,
+    max_depth: int,
+    max_aliases: int,
+    max_tokens: int,
+    max_cost: int,
+    hide_suggestions: bool = False,
 ) -> type[SchemaExtension]:
     """An extension class (constructed per request) that checks every limit and then
     runs graphql-core's validation itself: the limits of the document and its validation
     from caches, the cost with this request's variables (the only part that depends on
-    them)."""
+    them). `hide_suggestions`: validation errors suggest no names (introspection off)."""
 
     class QueryLimits(SchemaExtension):
         # Set up in on_parse (listed before ParserCache), not on_operation: a hook of the
@@ -381,7 +402,8 @@ def query_limits(
                 cost = costs.get(context.operation_name, next(iter(costs.values())))
                 operation_cost(context.context, min(cost, MAX_REPORTED_COST))
             if not errors:
-                errors = _validate(schema, document, tuple(context.validation_rules))
+                rules = tuple(context.validation_rules)
+                errors = _validate(schema, document, rules, hide_suggestions)
             # Set (even when empty): strawberry then skips its own, uncached validation.
             context.pre_execution_errors = list(errors)
             yield
