@@ -22,6 +22,7 @@ from .registry import (
     policy_rule,
     readable_policy,
     registry,
+    secret_field_names,
     validate_policy,
 )
 from .sharing import mig_instances_per_gpu, replicas
@@ -45,6 +46,7 @@ __all__ = [
     "readable_policy",
     "registry",
     "replicas",
+    "secret_field_names",
     "sharing",
     "single_tenant",
     "tenancy",

@@ -175,6 +175,11 @@ class PolicyRegistry:
             rule.check(view, ctx)
         return normalized
 
+    def secret_names(self) -> frozenset[str]:
+        """The names of every key's secret fields (`token`): what any surface that shows
+        input as sent (traces, error messages) must leave out, wherever it appears."""
+        return frozenset(s.name for entry in self._keys.values() for s in entry.secrets)
+
     def readable(self, policy: Mapping[str, Any]) -> dict[str, Any]:
         """The policy as anyone may read it: each stored secret replaced by
         `<name>Set: true`, in its place. The one function every surface reads it through."""
@@ -242,3 +247,8 @@ def validate_policy(
 def readable_policy(policy: Mapping[str, Any]) -> dict[str, Any]:
     """A stored policy as every surface shows it: no secret, `<name>Set: true` instead."""
     return registry.readable(policy)
+
+
+def secret_field_names() -> frozenset[str]:
+    """Every policy key's secret field names (`token`), for surfaces that echo input."""
+    return registry.secret_names()
