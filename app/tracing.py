@@ -11,16 +11,44 @@ One trace per request: the HTTP server span (Starlette), the GraphQL operation's
 (strawberry's OpenTelemetryExtension), and a span per SQL statement (SQLAlchemy) and per
 Redis command below it. Nothing here is imported unless tracing is on: the modules are
 heavy and every request would pay for the spans.
+
+A span never holds a secret (CONTRACT section 6: a join token is never read back, traces
+included):
+
+- the operation's `query` attribute is the document with every literal value replaced
+  (strings by "", numbers by 0), printed from graphql-core's AST; a document that does
+  not parse is recorded as "";
+- a resolver's `graphql.param.*` attributes show its arguments with every secret field
+  (a policy key's, e.g. `kubernetes.token`) replaced by "[redacted]", wherever it sits;
+- the HTTP span's URL and target leave out the query string (a GET carries the query
+  and its variables there).
+
+The first two rely on strawberry's extension keeping its operation span in
+`_span_holder`; `graphql_extension` proves the redaction on a probe schema first, and
+without it leaves the GraphQL spans out (with a warning) rather than record a secret.
+
+Compiled reads (schema/compiled_reads.py) run no GraphQL: their requests have the HTTP
+span only (no GraphQL or SQL span).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import os
+from collections.abc import Generator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any
 
 from starlette.applications import Starlette
 
+from app.capacity.policy import secret_field_names
 from app.db.engine import Database
+
+log = logging.getLogger(__name__)
+REDACTED = "[redacted]"
 
 
 def enabled() -> bool:
@@ -60,14 +88,168 @@ def instrument_app(app: Starlette) -> None:
     from opentelemetry.instrumentation.starlette import StarletteInstrumentor
 
     _ensure_provider()
-    StarletteInstrumentor.instrument_app(app)
+    StarletteInstrumentor.instrument_app(app, server_request_hook=_without_query_string)
 
 
-def graphql_extension() -> Any:
-    """strawberry's extension: a span per operation, with parsing, validation, resolvers."""
+# The attributes of an HTTP server span that hold the URL's query string.
+_URL_ATTRIBUTES = ("http.url", "url.full", "http.target")
+
+
+def _without_query_string(span: Any, scope: Mapping[str, Any]) -> None:
+    """The server span's URL without its query string: a GET to /graphql carries the
+    document and its variables there (a literal join token included)."""
+    if not scope.get("query_string"):
+        return
+    attributes = getattr(span, "attributes", None) or {}
+    for name in _URL_ATTRIBUTES:
+        value = attributes.get(name)
+        if isinstance(value, str):
+            span.set_attribute(name, value.split("?", 1)[0])
+    if "url.query" in attributes:
+        span.set_attribute("url.query", "")
+
+
+def without_secrets(value: Any, secrets: frozenset[str] | None = None) -> Any:
+    """`value` (resolver arguments: dicts, lists, strawberry inputs) as plain data with
+    every secret field replaced, at any depth; linear in its size."""
+    names = secret_field_names() if secrets is None else secrets
+    if isinstance(value, Mapping):
+        return {
+            key: REDACTED if key in names else without_secrets(item, names)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [without_secrets(item, names) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return without_secrets(fields, names)
+    return value
+
+
+def literal_free(document: Any) -> str:
+    """The document with every string literal "" and every number 0 (graphql-core's AST,
+    one visit): what was asked, without what was sent."""
+    from graphql import (
+        FloatValueNode,
+        IntValueNode,
+        StringValueNode,
+        Visitor,
+        print_ast,
+        visit,
+    )
+
+    class Literals(Visitor):
+        def enter_string_value(self, node: StringValueNode, *_: Any) -> StringValueNode:
+            return StringValueNode(value="", block=False)
+
+        def enter_int_value(self, node: IntValueNode, *_: Any) -> IntValueNode:
+            return IntValueNode(value="0")
+
+        def enter_float_value(self, node: FloatValueNode, *_: Any) -> IntValueNode:
+            return IntValueNode(value="0")
+
+    if document is None:
+        return ""
+    return print_ast(visit(document, Literals()))
+
+
+def _redacting_extension() -> type[Any]:
+    from strawberry.extensions import LifecycleStep
     from strawberry.extensions.tracing import OpenTelemetryExtension
 
-    return OpenTelemetryExtension
+    def args_without_secrets(args: dict[str, Any], info: Any) -> dict[str, Any]:
+        shown: dict[str, Any] = without_secrets(args)
+        return shown
+
+    class RedactingOpenTelemetryExtension(OpenTelemetryExtension):
+        """strawberry's extension recording no literal and no secret (module docstring)."""
+
+        def __init__(self, *, execution_context: Any = None, tracer_provider: Any = None) -> None:
+            super().__init__(
+                execution_context=execution_context,
+                arg_filter=args_without_secrets,
+                tracer_provider=tracer_provider,
+            )
+
+        def on_operation(self) -> Generator[None, None, None]:
+            steps = super().on_operation()
+            next(steps)  # the operation's span, started with `query` as sent
+            span = self._span_holder[LifecycleStep.OPERATION]
+            span.set_attribute("query", "")  # replaced once parsed, before the span ends
+            try:
+                yield
+            finally:
+                document = self.execution_context.graphql_document
+                span.set_attribute("query", literal_free(document))
+                for _ in steps:  # the rest of strawberry's hook: it ends the span
+                    pass
+
+    return RedactingOpenTelemetryExtension
+
+
+# What the probe sends: its secret must be in no span, its literal in no `query`.
+_PROBE_SECRET, _PROBE_LITERAL = "probe-secret-value", "probe-literal-value"
+
+
+def _redaction_problem(extension: type[Any]) -> str | None:
+    """Run a probe schema with `extension` into an in-memory exporter: None when no span
+    holds the secret it sends (by a variable and by a literal) and its `query` attribute
+    holds no literal."""
+    import strawberry
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from strawberry.scalars import JSON
+
+    def probe(policy: Any, note: str) -> int:
+        return 1
+
+    # Real types, not this module's postponed annotations (strawberry resolves names).
+    probe.__annotations__ = {"policy": JSON, "note": str, "return": int}
+    query = strawberry.type(type("Query", (), {"probe": strawberry.field(resolver=probe)}))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traced = [lambda: extension(tracer_provider=provider)]
+    schema = strawberry.Schema(query=query, extensions=traced)
+    secret = next(iter(sorted(secret_field_names())), "token")
+    operation = schema.execute(
+        f'query Probe($p: JSON!) {{ a: probe(policy: $p, note: "{_PROBE_LITERAL}")'
+        f' b: probe(policy: {{kubernetes: {{{secret}: "{_PROBE_SECRET}"}}}}, note: "n") }}',
+        variable_values={"p": {"kubernetes": {secret: _PROBE_SECRET}}},
+    )
+    # Its own thread and loop: the schema is built inside the server's running loop.
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        result = thread.submit(asyncio.run, operation).result(timeout=30)
+    if result.errors:
+        return f"the probe failed: {result.errors[0].message}"
+    spans = exporter.get_finished_spans()
+    if not any(span.name.startswith("GraphQL") for span in spans):
+        return "the probe recorded no GraphQL span"
+    for span in spans:
+        attributes = span.attributes or {}
+        if _PROBE_LITERAL in str(attributes.get("query", "")):
+            return f"span {span.name!r} recorded a literal in `query`"
+        recorded = [*attributes.values()]
+        recorded += [value for event in span.events for value in (event.attributes or {}).values()]
+        if any(_PROBE_SECRET in str(value) for value in recorded):
+            return f"span {span.name!r} recorded a secret"
+    return None
+
+
+@lru_cache(maxsize=1)
+def graphql_extension() -> Any:
+    """strawberry's extension, redacting (module docstring): a span per operation, with
+    parsing, validation, resolvers. None when the redaction cannot be shown to hold."""
+    try:
+        extension = _redacting_extension()
+        problem = _redaction_problem(extension)
+    except Exception as exc:  # strawberry moved under the subclass
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        log.warning("GraphQL spans are left out: their redaction does not hold (%s)", problem)
+        return None
+    return extension
 
 
 def instrument_clients(db: Database) -> None:

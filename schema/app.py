@@ -84,7 +84,9 @@ def _build(
     if tracing:  # OTEL_TRACES_EXPORTER (app/tracing.py); imported only then
         from app.tracing import graphql_extension
 
-        extensions.insert(0, graphql_extension())
+        traced = graphql_extension()  # None when it could record a secret
+        if traced is not None:
+            extensions.insert(0, traced)
     executor: type[StrawberryGraphQLCoreExecutionContext] = (
         StrawberryGraphQLCoreExecutionContext  # strawberry's own
     )
