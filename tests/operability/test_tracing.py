@@ -3,16 +3,18 @@ trace spanning the HTTP server span, the GraphQL operation and its SQL statement
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
+import websockets
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.config import Settings
-from tests.events.conftest import running
+from tests.events.conftest import running, served
 from tests.support import Fleet
 
 QUERY = 'query Pools { pools(tenantId: "acme", first: 5) { nodes { id } } }'
@@ -236,3 +238,42 @@ async def test_without_redaction_no_graphql_span_is_recorded(
     assert not [s for s in finished if s.name.startswith("GraphQL")]
     assert [s for s in finished if (s.attributes or {}).get("db.system")]  # SQL still traced
     assert not any(secret in value for span in finished for value in _recorded(span))
+
+
+async def test_no_span_of_a_websocket_operation_holds_a_join_token(
+    database_url: str, fleet: Fleet, spans: InMemorySpanExporter
+) -> None:
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    token = await fleet.caller("acme", "admin")
+    secrets = ["join-ws-variable-SECRET", "join-ws-literal-SECRET"]
+    pool = {"tenantId": "acme", "siteId": site, "class": "METAL_HOST"}
+    literal = (
+        'mutation { createPool(input: {tenantId: "acme", siteId: "' + site + '",'
+        f" class: METAL_HOST, policy: {_join_literal(secrets[1])}}}) {{ pool {{ id }} }} }}"
+    )
+    operations = [
+        {"query": CREATE, "variables": {"i": {**pool, "policy": _join(secrets[0])}}},
+        {"query": literal},
+    ]
+    async with (
+        served(Settings(database_url=database_url)) as (_, address),
+        websockets.connect(
+            f"ws://{address}/graphql",
+            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+        ) as ws,
+    ):
+        init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
+        await ws.send(json.dumps(init))
+        assert json.loads(await ws.recv())["type"] == "connection_ack"
+        for n, payload in enumerate(operations):
+            await ws.send(json.dumps({"id": str(n), "type": "subscribe", "payload": payload}))
+            answer = json.loads(await ws.recv())
+            assert answer["type"] == "next" and "errors" not in answer["payload"], answer
+            assert json.loads(await ws.recv())["type"] == "complete"
+    finished = spans.get_finished_spans()
+    traced = [s for s in finished if (s.attributes or {}).get("component") == "graphql"]
+    assert len([s for s in traced if "query" in (s.attributes or {})]) == 2
+    for span in finished:
+        for value in _recorded(span):
+            assert not any(secret in value for secret in secrets), (span.name, value)
