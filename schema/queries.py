@@ -17,9 +17,9 @@ from app.capacity.inputs import (
     ListQuotasInput,
     parse_input,
 )
+from app.capacity.node_ids import PoolOffer
 from app.capacity.paging import pools_page_request
 from app.capacity.views import AccessExplanation, CapacityView, LendingRowView, QuotaView
-from app.capacity.node_ids import PoolOffer
 from app.catalog import POOL_METHODS
 from schema.context import Context
 from schema.lookahead import selected_below

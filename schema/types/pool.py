@@ -12,13 +12,13 @@ from typing import Annotated, Any, cast
 import strawberry
 from strawberry.scalars import JSON
 
+from app.capacity.node_ids import offered_pool_id
 from app.capacity.paging import reservations_page_request
 from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
 from app.errors import DomainError
 from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
-from app.capacity.node_ids import offered_pool_id
 from schema.types.lending import GuestLending
 from schema.types.node import Node
 from schema.types.offer import Offer
@@ -185,8 +185,11 @@ def _fields(
     offers: Sequence[OfferView] | Denied | None,
     lending: Sequence[OfferView] | Denied | None,
 ) -> dict[str, Any]:
-    if offers is not None and not isinstance(offers, Denied):
-        offers = [Offer.from_view(view.id, offer) for offer in offers]
+    shown: Sequence[Offer] | Denied | None
+    if offers is None or isinstance(offers, Denied):
+        shown = offers
+    else:
+        shown = [Offer.from_view(view.id, offer) for offer in offers]  # with their node ids
     return dict(
         tenant_id=view.tenant_id,
         site_id=strawberry.ID(view.site_id),
@@ -206,7 +209,7 @@ def _fields(
         updated_at=view.updated_at,
         quotas=quotas,
         capacity=capacity,
-        offers=offers,
+        offers=shown,
         lending=lending,
         view=view,
         view_tenant=tenant_id,

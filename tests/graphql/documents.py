@@ -19,9 +19,9 @@ fragment PoolFields on Pool {{
 }}
 """
 # offerPool answers an OfferedPool (its own cache identity); `poolId` is the REST id.
-OFFERED_POOL_FIELDS = POOL_FIELDS.replace("PoolFields on Pool", "OfferedFields on OfferedPool").replace(
-    "  id tenantId", "  id: poolId tenantId"
-)
+OFFERED_POOL_FIELDS = POOL_FIELDS.replace(
+    "PoolFields on Pool", "OfferedFields on OfferedPool"
+).replace("  id tenantId", "  id: poolId tenantId")
 CAPACITY = "resource total allocatable booked available"
 
 DASHBOARD = f"""

@@ -8,6 +8,7 @@ relayStylePagination keeps all 5 pools paged 2 at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -43,6 +44,20 @@ def test_relay_compiler_accepts_the_operations() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+async def _run_clients(node: str, base: str, config: dict[str, object]) -> tuple[int, str, str]:
+    clients = await asyncio.create_subprocess_exec(
+        node,
+        str(WEB / "clients.mjs"),
+        f"{base}/graphql",
+        json.dumps(config),
+        cwd=WEB,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(clients.communicate(), timeout=180)
+    return clients.returncode or 0, stdout.decode(), stderr.decode()
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 async def test_client_caches_keep_each_tenants_view(database_url: str, fleet: Fleet) -> None:
     node = _node()
@@ -52,32 +67,23 @@ async def test_client_caches_keep_each_tenants_view(database_url: str, fleet: Fl
     owner = await fleet.caller("acme", "admin")
     admin = await fleet.caller("fleet", "fleet-admin")
     server = Served(database_url)
-    server.start()
+    server.start()  # a real `bettercompute serve` process
     try:
         pools: list[str] = []
-        with httpx.Client(base_url=server.base, timeout=30) as client:
+        headers = {"authorization": f"Bearer {owner}"}
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as client:
             for _ in range(5):
-                body = {"tenantId": "acme", "siteId": site, "class": "metal-host", "gpuModel": "H100"}
-                created = client.post(
-                    "/api/compute/pools/create",
-                    json=body,
-                    headers={"authorization": f"Bearer {owner}"},
-                )
+                body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+                created = await client.post("/api/compute/pools/create", json=body, headers=headers)
                 assert created.status_code == 200, created.text
                 pools.append(created.json()["pool"]["id"])
         await fleet.node(pools[0], 4)
-        config = {"owner": owner, "admin": admin, "poolId": pools[0], "pools": pools, "guest": "globex"}
-        done = subprocess.run(
-            [node, str(WEB / "clients.mjs"), f"{server.base}/graphql", json.dumps(config)],
-            cwd=WEB,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        config = {"owner": owner, "admin": admin, "poolId": pools[0], "pools": pools}
+        code, stdout, stderr = await _run_clients(node, server.base, {**config, "guest": "globex"})
     finally:
         server.stop()
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert code == 0, stderr
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     summary = lines[-1]["summary"]
     print("client caches:", json.dumps(summary))
     failed = [line for line in lines[:-1] if not line["ok"]]
