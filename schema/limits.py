@@ -70,6 +70,10 @@ LIST_BOUNDS: Mapping[tuple[str, str], int] = {
     ("Pool", "quotas"): MAX_RESOURCES,
     ("Pool", "capacity"): MAX_CAPACITY_ROWS,
     ("Pool", "offers"): MAX_OFFERS_PER_POOL,
+    ("OfferedPool", "quotas"): MAX_RESOURCES,  # offerPool's answer: a Pool's fields
+    ("OfferedPool", "capacity"): MAX_CAPACITY_ROWS,
+    ("OfferedPool", "offers"): MAX_OFFERS_PER_POOL,
+    ("OfferedPool", "lending"): MAX_OFFERS_PER_POOL,
     ("Offer", "quotas"): MAX_RESOURCES,
     ("Reservation", "resources"): MAX_RESOURCES,
     ("Pool", "lending"): MAX_OFFERS_PER_POOL,

@@ -14,7 +14,7 @@ from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
 from schema.context import Context
 from schema.lookahead import selected_below
-from schema.pool_nodes import pool_from_detail, pool_parts
+from schema.pool_nodes import offered_pool_from_detail, pool_from_detail, pool_parts
 from schema.types.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
@@ -27,6 +27,7 @@ from schema.types.inputs import (
 from schema.types.payloads import (
     ArchivePoolPayload,
     Impact,
+    OfferPoolPayload,
     PoolPayload,
     ReservationPayload,
     UnofferPoolPayload,
@@ -99,14 +100,15 @@ def _reservation(view: ReservationView) -> ReservationPayload:
     return ReservationPayload(reservation=Reservation.from_view(view))
 
 
-async def _pool_payload(info: Info, tenant_id: str, detail: PoolDetail) -> PoolPayload:
+async def _with_parts(info: Info, detail: PoolDetail) -> PoolDetail:
     """The pool a write returned, with the parts the payload selects read after it."""
     ctx = info.context
     parts = pool_parts(selected_below(info, ("pool",)))
-    detail = await ctx.capacity.pool_parts(
-        await ctx.principal(), detail, parts, reads=ctx.reads
-    )
-    return PoolPayload(pool=pool_from_detail(detail, tenant_id))
+    return await ctx.capacity.pool_parts(await ctx.principal(), detail, parts, reads=ctx.reads)
+
+
+async def _pool_payload(info: Info, tenant_id: str, detail: PoolDetail) -> PoolPayload:
+    return PoolPayload(pool=pool_from_detail(await _with_parts(info, detail), tenant_id))
 
 
 @strawberry.type(description="Writes of the pools method group, and reservations.")
@@ -121,12 +123,13 @@ class Mutation:
 
     @strawberry.mutation(
         description="The seed's `offer`: offers a pool the tenant owns to another tenant with "
-        "a quota, or updates the offer; returns the pool as that tenant sees it. "
-        "Emits pool.offered."
+        "a quota, or updates the offer; returns the pool as that tenant sees it, as an "
+        "OfferedPool (its own cache identity: docs/graphql.md). Emits pool.offered."
     )
-    async def offer_pool(self, info: Info, input: OfferPoolArgument) -> PoolPayload:
-        detail = await _call(info, "pools", "offer", input)
-        return await _pool_payload(info, input.tenant_id, detail)
+    async def offer_pool(self, info: Info, input: OfferPoolArgument) -> OfferPoolPayload:
+        detail = await _with_parts(info, await _call(info, "pools", "offer", input))
+        pool = offered_pool_from_detail(detail, input.tenant_id, input.to_tenant_id)
+        return OfferPoolPayload(pool=pool)
 
     @strawberry.mutation(
         description="The seed's `unoffer`: withdraws a pool's offer from a tenant, whose rows "

@@ -6,7 +6,7 @@ reads or decides."""
 from __future__ import annotations
 
 from app.capacity.views import POOL_PARTS, PoolDetail, PoolPart
-from schema.types.pool import Pool, pool_from_view
+from schema.types.pool import OfferedPool, Pool, offered_pool_from_view, pool_from_view
 
 
 def pool_parts(selected: set[str]) -> frozenset[PoolPart]:
@@ -20,6 +20,20 @@ def pool_from_detail(detail: PoolDetail, tenant_id: str) -> Pool:
     return pool_from_view(
         detail.pool,
         tenant_id,
+        quotas=detail.quotas,
+        capacity=detail.capacity,
+        offers=detail.offers,
+        lending=detail.lending,
+    )
+
+
+def offered_pool_from_detail(detail: PoolDetail, tenant_id: str, offered_to: str) -> OfferedPool:
+    """What `offerPool` answers: the pool as `offered_to` sees it (the seed's rule), as an
+    OfferedPool whose cache identity is not the acting tenant's Pool."""
+    return offered_pool_from_view(
+        detail.pool,
+        tenant_id,
+        offered_to,
         quotas=detail.quotas,
         capacity=detail.capacity,
         offers=detail.offers,

@@ -17,6 +17,7 @@ from app.capacity.inputs import (
     ListQuotasInput,
     parse_input,
 )
+from app.capacity.node_ids import PoolOffer
 from app.capacity.paging import pools_page_request
 from app.capacity.views import AccessExplanation, CapacityView, LendingRowView, QuotaView
 from app.catalog import POOL_METHODS
@@ -27,6 +28,8 @@ from schema.types.access import Access
 from schema.types.capacity_row import CapacityRow
 from schema.types.lending import LendingRow
 from schema.types.method import Method
+from schema.types.node import Node
+from schema.types.offer import Offer
 from schema.types.pool import Pool
 from schema.types.pool_connection import PoolConnection
 from schema.types.quota import Quota
@@ -85,6 +88,33 @@ class Query:
         parts = pool_parts(selected_below(info, ()))
         detail = await ctx.capacity.get_pool(principal, inp, parts=parts, reads=ctx.reads)
         return pool_from_detail(detail, inp.tenant_id)
+
+    @strawberry.field(
+        description="Relay's global object identification: the Pool or Offer with this id, "
+        "as the caller's OWN tenant sees it (a pool as `pool` shows it to that tenant, an "
+        "offer as the pool's owner sees it in `Pool.offers`); null when that tenant cannot "
+        "see it, or for an id the service never gives out. A fleet admin's own tenant is "
+        "`fleet`, so its `node` answers null: it reads other tenants' pools with `pool`."
+    )
+    async def node(
+        self,
+        info: Info,
+        id: Annotated[
+            strawberry.ID,
+            strawberry.argument(
+                description="`pool_<ulid>` (Pool.id) or `offer:<poolId>:<tenantId>` (Offer.id)."
+            ),
+        ],
+    ) -> Node | None:
+        ctx = info.context
+        principal = await ctx.principal()
+        parts = pool_parts(selected_below(info, ()))
+        found = await ctx.capacity.node(principal, id, parts=parts, reads=ctx.reads)
+        if found is None:
+            return None
+        if isinstance(found, PoolOffer):
+            return Offer.from_view(found.pool_id, found.offer)
+        return pool_from_detail(found, principal.tenant_id)
 
     @strawberry.field(
         graphql_type=list[CapacityRow],

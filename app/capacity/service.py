@@ -43,6 +43,7 @@ from app.capacity.inputs import (
     UpdatePoolInput,
     parse_input,
 )
+from app.capacity.node_ids import PoolOffer, parse_node_id
 from app.capacity.paging import Page, PageRequest, pools_page_request
 from app.capacity.shapes import Constant, Shape
 from app.capacity.views import (
@@ -60,7 +61,7 @@ from app.capacity.views import (
 from app.db.engine import Database
 from app.db.read_scope import ReadScope
 from app.db.uow import Notify, UnitOfWork
-from app.errors import DomainError, PermissionDenied
+from app.errors import DomainError, InvalidInput, NotFound, PermissionDenied
 from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
 from app.iam.principal_cache import PrincipalCache
@@ -144,6 +145,45 @@ class Capacity:
         return await self._read(
             reads, lambda conn: pool_reads.get_pool(conn, principal, inp, parts)
         )
+
+    async def node(
+        self,
+        principal: Principal,
+        node_id: str,
+        *,
+        parts: frozenset[PoolPart] = DETAIL_PARTS,
+        reads: ReadScope | None = None,
+    ) -> PoolDetail | PoolOffer | None:
+        """Relay's `node(id:)`: the object as the caller's OWN tenant sees it (a fleet
+        admin's is `fleet`, which owns and is offered nothing). A pool: what `get` answers;
+        an offer: one of the pool's `offers` as its owner sees them. None wherever `get`
+        would be NOT_FOUND (or the id is no id the service gives out), so `node` leaks
+        nothing `get` would not; PERMISSION_DENIED stays an error, as on `get` and on
+        `Pool.offers`."""
+        ref = parse_node_id(node_id)
+        if ref is None:
+            return None
+        try:
+            inp = parse_input(
+                GetPoolInput, {"tenantId": principal.tenant_id, "poolId": ref.pool_id}
+            )
+        except InvalidInput:
+            return None
+        wanted = parts if ref.kind == "pool" else frozenset[PoolPart](("offers",))
+        try:
+            detail = await self.get_pool(principal, inp, parts=wanted, reads=reads)
+        except NotFound:
+            return None
+        if ref.kind == "pool":
+            return detail
+        if isinstance(detail.offers, PermissionDenied):  # as `Pool.offers` withholds them
+            raise detail.offers
+        if detail.offers is None:  # not the owner: no offers to show
+            return None
+        for offer in detail.offers:
+            if offer.tenant_id == ref.tenant_id:
+                return PoolOffer(ref.pool_id, offer)
+        return None
 
     async def pool_parts(
         self,

@@ -9,7 +9,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from app.capacity.views import ImpactView, ReservationView
-from schema.types.pool import Pool
+from schema.types.pool import OfferedPool, Pool
 from schema.types.reservation import Reservation
 
 
@@ -48,6 +48,14 @@ class Impact:
 @strawberry.type(description="The pool a mutation returns, as the seed says it is seen.")
 class PoolPayload:
     pool: Pool = strawberry.field(description="The pool after the change.")
+
+
+@strawberry.type(description="What `offerPool` returns.")
+class OfferPoolPayload:
+    pool: OfferedPool = strawberry.field(
+        description="The pool after the change as the offered tenant sees it (the seed's "
+        "rule), as an OfferedPool: its own cache identity, `poolId` the REST id."
+    )
 
 
 @strawberry.type(description="What `unofferPool` did.")

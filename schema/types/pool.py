@@ -1,14 +1,18 @@
-"""Pool: a pool as the acting tenant sees it (the REST Pool, plus nested reads)."""
+"""Pool: a pool as the acting tenant sees it (the REST Pool, plus nested reads); and
+OfferedPool, the same fields as an offered tenant sees the pool (what `offerPool` answers),
+under an id of its own so that no normalized client cache files it under the acting
+tenant's `Pool` (docs/decisions/0011-client-caches-and-relay.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import strawberry
 from strawberry.scalars import JSON
 
+from app.capacity.node_ids import offered_pool_id
 from app.capacity.paging import reservations_page_request
 from app.capacity.views import CapacityView, OfferView, PoolView, QuotaView
 from app.errors import DomainError
@@ -16,6 +20,7 @@ from schema.context import Context
 from schema.types.capacity_row import CapacityRow
 from schema.types.enums import Agent, PoolClass, Sharing
 from schema.types.lending import GuestLending
+from schema.types.node import Node
 from schema.types.offer import Offer
 from schema.types.quota import Quota
 from schema.types.reservation import ReservationConnection
@@ -28,13 +33,14 @@ from schema.types.reservation import ReservationConnection
 Denied = DomainError
 
 
-@strawberry.type(
-    description="A pool groups the nodes of one site under one GPU model, one sharing mode "
-    "and one policy; every reservation and quota belongs to exactly one pool. Shown as the "
-    "acting tenant sees it: its own quota rows, and offers for the owner."
-)
-class Pool:
+@strawberry.type(name="PoolFields", description="The fields Pool and OfferedPool share.")
+class PoolFields:
     id: strawberry.ID = strawberry.field(description="`pool_<ulid>`.")
+    viewer_tenant_id: str = strawberry.field(
+        description="The tenant whose view this is: the acting tenant (`tenantId` of the "
+        "read), for an OfferedPool the offered tenant. A client acting for several tenants "
+        "keys pools by `id` and `viewerTenantId` (docs/graphql.md, \"Client caches\")."
+    )
     tenant_id: str = strawberry.field(description="The owner: the tenant that created it.")
     site_id: strawberry.ID = strawberry.field(description="The site whose nodes it groups.")
     pool_class: PoolClass = strawberry.field(name="class", description="The pool's class.")
@@ -73,7 +79,7 @@ class Pool:
         description="The pool's rollup, one row per resource. Needs compute:capacity:read "
         "on the pool; otherwise null with a PERMISSION_DENIED error.",
     )
-    offers: Sequence[OfferView] | Denied | None = strawberry.field(
+    offers: Sequence[Offer] | Denied | None = strawberry.field(
         graphql_type=list[Offer] | None,
         description="Every offer of the pool, the owner's own included. Shown to the owner "
         "with compute:pools:share; null for a tenant that does not own the pool (nothing to "
@@ -110,6 +116,30 @@ class Pool:
         return ReservationConnection.from_page(loaded)
 
 
+@strawberry.type(
+    description="A pool groups the nodes of one site under one GPU model, one sharing mode "
+    "and one policy; every reservation and quota belongs to exactly one pool. Shown as the "
+    "acting tenant sees it: its own quota rows, and offers for the owner. Its id is the "
+    "pool id REST uses, and its node id: `node(id:)` refetches it as the caller's own "
+    "tenant sees it."
+)
+class Pool(PoolFields, Node):
+    id: strawberry.ID = strawberry.field(description="`pool_<ulid>`: the REST id, and the node id.")
+
+
+@strawberry.type(
+    description="A pool as the OFFERED tenant sees it (its quota rows, `owned` false): what "
+    "`offerPool` answers, the seed's rule. Its `id` is `offered:<poolId>:<tenantId>`, not the "
+    "pool id, so that Apollo's, urql's and Relay's normalized caches keep it apart from the "
+    "acting tenant's `Pool`; `poolId` is the pool id REST uses. Not refetchable by `node`."
+)
+class OfferedPool(PoolFields):
+    id: strawberry.ID = strawberry.field(
+        description="`offered:<poolId>:<tenantId>`: this view's own id (cache identity)."
+    )
+    pool_id: strawberry.ID = strawberry.field(description="The pool id REST uses, `pool_<ulid>`.")
+
+
 def pool_from_view(
     view: PoolView,
     tenant_id: str,
@@ -119,8 +149,48 @@ def pool_from_view(
     offers: Sequence[OfferView] | Denied | None,
     lending: Sequence[OfferView] | Denied | None = None,
 ) -> Pool:
+    """`view` as the acting tenant `tenant_id` sees it."""
     return Pool(
         id=strawberry.ID(view.id),
+        viewer_tenant_id=tenant_id,
+        **_fields(view, tenant_id, quotas, capacity, offers, lending),
+    )
+
+
+def offered_pool_from_view(
+    view: PoolView,
+    tenant_id: str,
+    offered_to: str,
+    *,
+    quotas: Sequence[QuotaView],
+    capacity: Sequence[CapacityView] | Denied | None,
+    offers: Sequence[OfferView] | Denied | None,
+    lending: Sequence[OfferView] | Denied | None = None,
+) -> OfferedPool:
+    """`view` as the offered tenant `offered_to` sees it, read by `tenant_id` (whose
+    reservations `reservations` lists, as before)."""
+    return OfferedPool(
+        id=strawberry.ID(offered_pool_id(view.id, offered_to)),
+        pool_id=strawberry.ID(view.id),
+        viewer_tenant_id=offered_to,
+        **_fields(view, tenant_id, quotas, capacity, offers, lending),
+    )
+
+
+def _fields(
+    view: PoolView,
+    tenant_id: str,
+    quotas: Sequence[QuotaView],
+    capacity: Sequence[CapacityView] | Denied | None,
+    offers: Sequence[OfferView] | Denied | None,
+    lending: Sequence[OfferView] | Denied | None,
+) -> dict[str, Any]:
+    shown: Sequence[Offer] | Denied | None
+    if offers is None or isinstance(offers, Denied):
+        shown = offers
+    else:
+        shown = [Offer.from_view(view.id, offer) for offer in offers]  # with their node ids
+    return dict(
         tenant_id=view.tenant_id,
         site_id=strawberry.ID(view.site_id),
         pool_class=PoolClass(view.pool_class),
@@ -139,7 +209,7 @@ def pool_from_view(
         updated_at=view.updated_at,
         quotas=quotas,
         capacity=capacity,
-        offers=offers,
+        offers=shown,
         lending=lending,
         view=view,
         view_tenant=tenant_id,

@@ -18,6 +18,10 @@ fragment PoolFields on Pool {{
   offers {{ tenantId includeDescendants priority quotas {{ {QUOTA} }} }}
 }}
 """
+# offerPool answers an OfferedPool (its own cache identity); `poolId` is the REST id.
+OFFERED_POOL_FIELDS = POOL_FIELDS.replace(
+    "PoolFields on Pool", "OfferedFields on OfferedPool"
+).replace("  id tenantId", "  id: poolId tenantId")
 CAPACITY = "resource total allocatable booked available"
 
 DASHBOARD = f"""
@@ -48,6 +52,11 @@ CAPACITY_QUERY = (
 
 
 def pool_mutation(name: str, input_type: str) -> str:
+    if name == "offerPool":
+        return (
+            f"mutation M($input: {input_type}!) {{ {name}(input: $input) "
+            "{ pool { ...OfferedFields } } }" + OFFERED_POOL_FIELDS
+        )
     return (
         f"mutation M($input: {input_type}!) {{ {name}(input: $input) "
         "{ pool { ...PoolFields } } }" + POOL_FIELDS
