@@ -14,13 +14,14 @@ same rules in a unit of work.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import config_env
 from app.db.embedded import at_head, busy_timeout_ms, ensure_migrated, is_embedded, sqlite_file
-from app.errors import DomainError, InvalidInput
+from app.errors import DomainError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -114,7 +115,7 @@ async def _apply(db: Database, a: argparse.Namespace) -> dict[str, Any]:
     from app.fleet.apply import apply_fleet
     from app.fleet.schema import read_fleet
 
-    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run)
+    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run, prune=a.prune)
 
 
 async def _export(db: Database, _: argparse.Namespace) -> dict[str, Any]:
@@ -341,7 +342,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("-f", "--file", required=True, help="the fleet file, or - for stdin")
     apply.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    apply.set_defaults(run=_apply)
+    apply.add_argument(
+        "--prune",
+        action="store_true",
+        help="also withdraw the offers of the file's pools that no fleet file declared "
+        "(made through the API); an offer the file declared before and no longer lists is "
+        "withdrawn without it",
+    )
+    apply.set_defaults(run=_apply, read_only=lambda a: a.dry_run)
 
     export = command(
         sub,
@@ -351,7 +359,7 @@ def _parser() -> argparse.ArgumentParser:
         "bettercompute export > fleet.yaml",
     )
     export.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output")
-    export.set_defaults(run=_export, render=_fleet_document)
+    export.set_defaults(run=_export, render=_fleet_document, read_only=lambda a: True)
 
     demo = command(
         sub,
@@ -400,13 +408,46 @@ def _with_database(args: argparse.Namespace, settings: Settings) -> dict[str, An
         return {"revision": asyncio.run(upgrade(settings.database_url))}
     if args.command == "apply":
         args.text = _read_file(args.file)  # before the database, so stdin is read once
+    if _read_only(args) and is_embedded(settings.database_url):
+        return _read_embedded(args, settings)
     return asyncio.run(_run(args, settings))
 
 
+def _read_only(args: argparse.Namespace) -> bool:
+    decides: Callable[[argparse.Namespace], bool] | None = getattr(args, "read_only", None)
+    return decides is not None and decides(args)
+
+
+def _read_embedded(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """A read-only command (export, a dry run) on the embedded default: it says which file
+    it reads and writes none. A file behind head is read from a migrated copy, and so is
+    no file at all by a dry run; an export of no file is refused."""
+    import asyncio
+
+    from app.db.embedded import scratch_copy
+
+    path = sqlite_file(settings.database_url)
+    where = os.path.abspath(path) if path is not None else settings.database_url
+    print(f"bettercompute {args.command}: database {where}", file=sys.stderr)
+    if at_head(settings.database_url):
+        return asyncio.run(_run(args, settings))
+    if args.command == "export" and (path is None or not os.path.exists(path)):
+        raise NotFound(
+            f"no database at {where} (BETTERCOMPUTE_DATABASE_URL): "
+            "nothing to export, and export creates none"
+        )
+    with scratch_copy(settings.database_url) as url:
+        return asyncio.run(_run(args, settings.model_copy(update={"database_url": url})))
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
+    return await _on(args, settings)
+
+
+async def _on(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     from app.db.engine import create_database
 
-    await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
     db = create_database(settings.database_url, settings)
     try:
         write: Write | None = getattr(args, "write", None)
