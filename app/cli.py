@@ -14,13 +14,14 @@ same rules in a unit of work.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app import config_env
 from app.db.embedded import at_head, busy_timeout_ms, ensure_migrated, is_embedded, sqlite_file
-from app.errors import DomainError, InvalidInput
+from app.errors import DomainError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -94,10 +95,10 @@ async def _node_add(db: Database, a: argparse.Namespace) -> dict[str, Any]:
     return {"nodeId": await add_node(db, a.pool, a.gpus, a.owner_tenant)}
 
 
-async def _demo(db: Database, _: argparse.Namespace) -> dict[str, Any]:
-    from app.demo import seed
+async def _demo(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.demo import base_url, seed
 
-    return await seed(db)
+    return await seed(db, base_url(a.host, a.port))
 
 
 def _read_file(path: str) -> str:
@@ -114,7 +115,7 @@ async def _apply(db: Database, a: argparse.Namespace) -> dict[str, Any]:
     from app.fleet.apply import apply_fleet
     from app.fleet.schema import read_fleet
 
-    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run)
+    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run, prune=a.prune)
 
 
 async def _export(db: Database, _: argparse.Namespace) -> dict[str, Any]:
@@ -139,68 +140,238 @@ def _fleet_document(result: dict[str, Any], a: argparse.Namespace) -> str:
     return str(yaml.safe_dump(result, sort_keys=False, allow_unicode=True))
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples kept as written (wrapped by `_describe`); an option's
+    default shown beside it when it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _describe(text: str) -> str:
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(p, 88, break_on_hyphens=False) for p in text.split("\n\n"))
+
+
+OVERVIEW = """\
+Run and administer the Better Compute pools service: GPU pools that tenants create and
+share with other tenants under quotas, served as REST (POST /api/compute/pools/<method>),
+GraphQL with live subscriptions (/graphql), and a live console (/console).
+
+Every admin command prints one JSON object on stdout; a failure prints one line,
+CODE: message, on stderr and exits 1. The database is $BETTERCOMPUTE_DATABASE_URL
+(default sqlite+aiosqlite:///./bettercompute.db, created and migrated on first use;
+production: postgresql+asyncpg://user@host/db)."""
+
+GETTING_STARTED = """\
+first steps:
+  bettercompute serve --demo                     seed a demo fleet, print tokens, serve :8000
+  bettercompute tenant create acme
+  bettercompute caller create --tenant acme --role admin
+  bettercompute apply -f fleet.yaml --dry-run    what a fleet file would change
+
+'bettercompute COMMAND --help' explains each command."""
+
+
+def _example(*lines: str) -> str:
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bettercompute", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from app.iam.roles import BINDING_ATTRIBUTES, FLEET_ADMIN, FLEET_TENANT, ROLE_PERMISSIONS
 
-    serve = sub.add_parser("serve", help="run the API (migrates the embedded default first)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        prog="bettercompute", description=OVERVIEW, epilog=GETTING_STARTED, formatter_class=_Help
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    db = sub.add_parser("db", help="schema migrations").add_subparsers(dest="action", required=True)
-    db.add_parser("upgrade", help="migrate the database to the newest revision")
+    def command(
+        parent: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        summary: str,
+        details: str,
+        *example: str,
+    ) -> argparse.ArgumentParser:
+        return parent.add_parser(
+            name,
+            help=summary,
+            description=_describe(f"{summary[0].upper()}{summary[1:]}. {details}".strip()),
+            epilog=_example(*example) if example else None,
+            formatter_class=_Help,
+        )
 
-    def group(name: str, help_text: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-        return sub.add_parser(name, help=help_text).add_subparsers(dest="action", required=True)
+    def group(name: str, summary: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+        return command(sub, name, summary, "").add_subparsers(
+            dest="action", required=True, metavar="ACTION"
+        )
 
-    tenant = group("tenant", "tenants").add_parser("create")
-    tenant.add_argument("id")
-    tenant.add_argument("--parent")
+    serve = command(
+        sub,
+        "serve",
+        "run the API on HOST:PORT",
+        "Migrates the embedded SQLite default first; another database is migrated with "
+        "'bettercompute db upgrade'. Several processes share events through "
+        "$BETTERCOMPUTE_BROADCAST_URL (redis://… or postgres://…).",
+        "bettercompute serve --port 8080 --demo",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes")
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="first seed the demo fleet (once) and print its tokens and a curl for this port",
+    )
+
+    db = group("db", "database schema")
+    command(
+        db,
+        "upgrade",
+        "migrate the database to the newest schema revision",
+        "Safe to run again; prints the revision reached.",
+        "BETTERCOMPUTE_DATABASE_URL=postgresql+asyncpg://bc@db/bc bettercompute db upgrade",
+    )
+
+    tenant = command(
+        group("tenant", "tenants: the organisations that own and use pools"),
+        "create",
+        "create a tenant",
+        "A child tenant (--parent) sees what its ancestors offer to descendants.",
+        "bettercompute tenant create acme-research --parent acme",
+    )
+    tenant.add_argument("id", help="the tenant's id, e.g. acme")
+    tenant.add_argument("--parent", help="the parent tenant's id")
     tenant.set_defaults(write=_tenant_create)
 
-    site = group("site", "sites").add_parser("create")
-    site.add_argument("--tenant", required=True)
-    site.add_argument("--kind", required=True, choices=SITE_KINDS)
-    site.add_argument("--region", required=True)
+    site = command(
+        group("site", "sites: where a tenant's pools run"),
+        "create",
+        "create a site for a tenant",
+        "",
+        "bettercompute site create --tenant acme --kind platform --region eu-west",
+    )
+    site.add_argument("--tenant", required=True, help="the owning tenant's id")
+    site.add_argument("--kind", required=True, choices=SITE_KINDS, help="the site's kind")
+    site.add_argument("--region", required=True, help="the region its pools report")
     site.set_defaults(write=_site_create)
 
-    account = group("provider-account", "provider accounts").add_parser("create")
-    account.add_argument("--tenant", required=True)
+    account = command(
+        group("provider-account", "provider accounts: cloud accounts that back pools"),
+        "create",
+        "create a provider account for a tenant",
+        "",
+        "bettercompute provider-account create --tenant acme",
+    )
+    account.add_argument("--tenant", required=True, help="the owning tenant's id")
     account.set_defaults(write=_account_create)
 
-    caller = group("caller", "callers and their first token").add_parser("create")
-    caller.add_argument("--tenant", required=True)
-    caller.add_argument("--role", required=True)
-    caller.add_argument("--where", action="append", default=[], metavar="KEY=VALUE")
+    roles, granted = [], frozenset[str]()
+    for role, permissions in ROLE_PERMISSIONS.items():  # each role adds to the one before
+        added = sorted(p.removeprefix("compute:") for p in permissions - granted)
+        if not added:
+            more = "the same, for any tenant"
+        else:
+            more = f"also {', '.join(added)}" if granted else ", ".join(added)
+        roles.append(f"{role} ({more})")
+        granted = permissions
+    caller = command(
+        group("caller", "callers: who calls the API, each with one role in one tenant"),
+        "create",
+        "create a caller and print its first API token",
+        f"Roles: {'; '.join(roles)}. {FLEET_ADMIN} is for callers of the built-in '{FLEET_TENANT}' "
+        "tenant and may act for any tenant. --where narrows the role to pools whose "
+        f"attributes match ({', '.join(BINDING_ATTRIBUTES)}); repeat it to narrow further. "
+        "The token is printed only once.",
+        "bettercompute caller create --tenant acme --role viewer --where gpuModel=H100",
+    )
+    caller.add_argument("--tenant", required=True, help="the caller's tenant")
+    caller.add_argument("--role", required=True, help=f"one of {', '.join(ROLE_PERMISSIONS)}")
+    caller.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"narrow the role; KEY is one of {', '.join(BINDING_ATTRIBUTES)}",
+    )
     caller.set_defaults(write=_caller_create)
 
-    tokens = group("token", "API tokens")
-    token_create = tokens.add_parser("create")
-    token_create.add_argument("--caller", required=True)
+    tokens = group("token", "API tokens (Authorization: Bearer …)")
+    token_create = command(
+        tokens,
+        "create",
+        "issue another token for a caller",
+        "The token is printed only once; the caller's earlier tokens stay valid.",
+        "bettercompute token create --caller caller_01j…",
+    )
+    token_create.add_argument("--caller", required=True, help="the caller's id")
     token_create.set_defaults(write=_token_create)
-    token_revoke = tokens.add_parser("revoke")
-    token_revoke.add_argument("--token", required=True)
+    token_revoke = command(
+        tokens,
+        "revoke",
+        "revoke a token",
+        "Requests with it are refused at once; its open websockets close (4403) within "
+        "$BETTERCOMPUTE_REVOCATION_POLL_SECONDS, at once on a shared broker.",
+        "bettercompute token revoke --token bct_…",
+    )
+    token_revoke.add_argument("--token", required=True, help="the token to revoke")
     token_revoke.set_defaults(run=_token_revoke)
 
-    node = group("node", "nodes").add_parser("add")
-    node.add_argument("--pool", required=True)
-    node.add_argument("--gpus", required=True, type=int)
-    node.add_argument("--owner-tenant")
+    node = command(
+        group("node", "nodes: the GPUs behind a pool's capacity"),
+        "add",
+        "add a node of GPUs to a pool",
+        "The pool's capacity grows by --gpus.",
+        "bettercompute node add --pool pool_01j… --gpus 8",
+    )
+    node.add_argument("--pool", required=True, help="the pool's id")
+    node.add_argument("--gpus", required=True, type=int, help="GPUs on the node")
+    node.add_argument("--owner-tenant", help="the tenant that owns the hardware, if not the pool's")
     node.set_defaults(run=_node_add)
 
-    apply = sub.add_parser(
-        "apply", help="make the fleet what a fleet file (YAML or JSON) declares, in one step"
+    apply = command(
+        sub,
+        "apply",
+        "make the fleet what a fleet file (YAML or JSON) declares, in one step",
+        "Creates what is missing and changes what differs; prints what it did. Nothing is "
+        "written with --dry-run. 'bettercompute export' writes a file to start from.",
+        "bettercompute apply -f fleet.yaml --dry-run",
     )
     apply.add_argument("-f", "--file", required=True, help="the fleet file, or - for stdin")
     apply.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    apply.set_defaults(run=_apply)
+    apply.add_argument(
+        "--prune",
+        action="store_true",
+        help="also withdraw the offers of the file's pools that no fleet file declared "
+        "(made through the API); an offer the file declared before and no longer lists is "
+        "withdrawn without it",
+    )
+    apply.set_defaults(run=_apply, read_only=lambda a: a.dry_run)
 
-    export = sub.add_parser("export", help="print the fleet as a fleet file (no secrets)")
-    export.add_argument("--format", choices=("yaml", "json"), default="yaml")
-    export.set_defaults(run=_export, render=_fleet_document)
+    export = command(
+        sub,
+        "export",
+        "print the fleet as a fleet file",
+        "Secrets (join tokens, API tokens) are never exported.",
+        "bettercompute export > fleet.yaml",
+    )
+    export.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output")
+    export.set_defaults(run=_export, render=_fleet_document, read_only=lambda a: True)
 
-    sub.add_parser("demo", help="seed a small fleet and print tokens").set_defaults(run=_demo)
+    demo = command(
+        sub,
+        "demo",
+        "seed a small demo fleet (once) and print tokens to try",
+        "Running it again keeps the data and prints fresh tokens. 'serve --demo' does this "
+        "and serves, with the hints pointing at the port it serves.",
+        "bettercompute demo --port 8080",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="the server the hints point at")
+    demo.add_argument("--port", type=int, default=8000, help="its port")
+    demo.set_defaults(run=_demo)
     return parser
 
 
@@ -237,13 +408,46 @@ def _with_database(args: argparse.Namespace, settings: Settings) -> dict[str, An
         return {"revision": asyncio.run(upgrade(settings.database_url))}
     if args.command == "apply":
         args.text = _read_file(args.file)  # before the database, so stdin is read once
+    if _read_only(args) and is_embedded(settings.database_url):
+        return _read_embedded(args, settings)
     return asyncio.run(_run(args, settings))
 
 
+def _read_only(args: argparse.Namespace) -> bool:
+    decides: Callable[[argparse.Namespace], bool] | None = getattr(args, "read_only", None)
+    return decides is not None and decides(args)
+
+
+def _read_embedded(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """A read-only command (export, a dry run) on the embedded default: it says which file
+    it reads and writes none. A file behind head is read from a migrated copy, and so is
+    no file at all by a dry run; an export of no file is refused."""
+    import asyncio
+
+    from app.db.embedded import scratch_copy
+
+    path = sqlite_file(settings.database_url)
+    where = os.path.abspath(path) if path is not None else settings.database_url
+    print(f"bettercompute {args.command}: database {where}", file=sys.stderr)
+    if at_head(settings.database_url):
+        return asyncio.run(_run(args, settings))
+    if args.command == "export" and (path is None or not os.path.exists(path)):
+        raise NotFound(
+            f"no database at {where} (BETTERCOMPUTE_DATABASE_URL): "
+            "nothing to export, and export creates none"
+        )
+    with scratch_copy(settings.database_url) as url:
+        return asyncio.run(_run(args, settings.model_copy(update={"database_url": url})))
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
+    return await _on(args, settings)
+
+
+async def _on(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     from app.db.engine import create_database
 
-    await ensure_migrated(settings.database_url)  # the embedded default needs no setup step
     db = create_database(settings.database_url, settings)
     try:
         write: Write | None = getattr(args, "write", None)
@@ -269,6 +473,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     if _embedded(settings.database_url):
         asyncio.run(upgrade(settings.database_url))
+    if args.demo:  # its one JSON object first, naming the port served below
+        sys.stdout.write(
+            _json_line(
+                asyncio.run(_run(argparse.Namespace(**{**vars(args), "run": _demo}), settings)),
+                args,
+            )
+        )
+        sys.stdout.flush()
     if args.workers > 1:
         _multiprocess_metrics()
     uvicorn.run(

@@ -53,10 +53,21 @@ async def _existing_tokens(db: Database) -> dict[str, str]:
     return tokens
 
 
-async def seed(db: Database) -> dict[str, Any]:
+def base_url(host: str = "127.0.0.1", port: int = 8000) -> str:
+    """Where a client on this machine reaches a server listening on `host`:`port` (a
+    wildcard address is reached on loopback)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def seed(db: Database, url: str | None = None) -> dict[str, Any]:
+    """Seed the demo fleet once; print tokens and hints that point at `url` (the server
+    that will answer them: `bettercompute serve --demo` passes its own)."""
+    url = url or base_url()
     if await _seeded(db):
         fresh = await _existing_tokens(db)
-        return {"seeded": False, "tokens": fresh, **_hints(fresh)}
+        return {"seeded": False, "tokens": fresh, **_hints(fresh, url)}
     # Tenants, sites, callers, pools and offers: the shipped fleet file, applied by the
     # code behind `bettercompute apply`. Nodes and reservations are not fleet-file things.
     fleet = read_fleet(DEMO_FLEET.read_text(), str(DEMO_FLEET))
@@ -74,7 +85,7 @@ async def seed(db: Database) -> dict[str, Any]:
         "tokens": tokens,
         "pools": pools,
         "sites": {s.name: ids[("site", s.name)] for s in fleet.sites},
-        **_hints(tokens),
+        **_hints(tokens, url),
     }
 
 
@@ -103,10 +114,12 @@ async def _book_reservations(
         )
 
 
-def _hints(tokens: dict[str, str]) -> dict[str, Any]:
+def _hints(tokens: dict[str, str], url: str) -> dict[str, Any]:
+    # No `-s`: pasted while nothing listens there, curl says so instead of printing nothing.
     return {
-        "try": "curl -s -X POST http://127.0.0.1:8000/api/compute/pools/list "
+        "try": f"curl -X POST {url}/api/compute/pools/list "
         f"-H 'authorization: Bearer {tokens.get('globex-admin', '<token>')}' "
         "-H 'content-type: application/json' -d '{\"tenantId\": \"globex\"}'",
-        "graphiql": "http://127.0.0.1:8000/graphql",
+        "graphiql": f"{url}/graphql",
+        "console": f"{url}/console",
     }

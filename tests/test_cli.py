@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -168,3 +169,98 @@ def test_demo_then_serve_answers_the_printed_curl(tmp_path: Path, dialect: str) 
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _first_line(stream: Any, timeout_s: float) -> str:
+    """The first line a child prints, waiting at most `timeout_s` (it may hang)."""
+    import threading
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    assert lines, f"nothing printed within {timeout_s} s"
+    return lines[0]
+
+
+def test_serve_demo_prints_hints_for_the_port_it_serves(tmp_path: Path) -> None:
+    """`scripts/serve --port P` (serve --demo): the printed curl, pasted as it is, answers
+    from port P, and the GraphiQL and console URLs name P too."""
+    import shlex
+
+    port = _free_port()
+    env = {**os.environ, "BETTERCOMPUTE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/d.db"}
+    server = subprocess.Popen(
+        [str(BIN), "serve", "--demo", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        hints = json.loads(_first_line(server.stdout, 60))
+        base = f"http://127.0.0.1:{port}"
+        assert hints["graphiql"] == f"{base}/graphql" and hints["console"] == f"{base}/console"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        pasted = subprocess.run(
+            shlex.split(hints["try"]), capture_output=True, text=True, timeout=30, check=True
+        )
+        assert [p["gpuModel"] for p in json.loads(pasted.stdout)["pools"]] == ["H100"]
+        assert httpx.get(hints["console"]).status_code == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        assert server.stdout is not None
+        server.stdout.close()
+
+
+def _leaf_commands() -> list[list[str]]:
+    from app.cli import _parser
+
+    def walk(parser: Any, path: list[str]) -> list[list[str]]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [path]
+        return [leaf for name, p in subs[0].choices.items() for leaf in walk(p, [*path, name])]
+
+    return walk(_parser(), [])
+
+
+def _help(capsys: pytest.CaptureFixture[str], *command: str) -> str:
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_command_says_what_it_does_with_an_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    leaves = _leaf_commands()
+    assert ["caller", "create"] in leaves and ["serve"] in leaves and len(leaves) >= 12
+    for command in leaves:
+        text = _help(capsys, *command)
+        example = text.split("example:\n", 1)
+        assert len(example) == 2, f"{command}: no example"
+        assert example[1].lstrip().split("\n")[0].find(f"bettercompute {command[0]}") >= 0
+        described = text.split("\n\n")[1]  # the paragraph after the usage line
+        assert len(described) > 20 and "options" not in described, command
+
+
+def test_caller_help_names_every_role_and_where_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.iam.roles import BINDING_ATTRIBUTES, ROLE_PERMISSIONS
+
+    text = " ".join(_help(capsys, "caller", "create").split())
+    assert all(f"{role} (" in text for role in ROLE_PERMISSIONS)
+    assert all(key in text for key in BINDING_ATTRIBUTES)
+    assert "(default: 127.0.0.1)" in _help(capsys, "serve")  # defaults are shown
+    top = _help(capsys)
+    assert "bettercompute serve --demo" in top and "GPU pools" in top

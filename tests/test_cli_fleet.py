@@ -242,3 +242,55 @@ def test_the_cli_lists_the_domains_site_kinds_and_tenant_pattern() -> None:
     assert cli.SITE_KINDS == inventory.SITE_KINDS
     constraint = typing.get_args(TenantId)[1]
     assert f"^{inventory.TENANT_ID.pattern}$" == constraint.pattern
+
+
+def test_read_only_commands_write_no_database(tmp_path: Path) -> None:
+    """A dry run on a new path plans against an empty fleet and leaves no file; export
+    says which database it reads, and refuses to create one."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    missing = tmp_path / "elsewhere" / "bettercompute.db"
+    missing.parent.mkdir()
+    url = f"sqlite+aiosqlite:///{missing}"
+
+    plan = run(url, "apply", "-f", str(fleet), "--dry-run")
+    assert json.loads(plan.stdout)["changes"] == 8 and not missing.exists()
+    assert f"database {missing}" in plan.stderr
+
+    refused = run(url, "export", ok=False)
+    assert refused.returncode == 1 and not missing.exists()
+    assert refused.stderr.splitlines()[-1].startswith(
+        f"bettercompute: NOT_FOUND: no database at {missing}"
+    )
+
+    out(url, "apply", "-f", str(fleet))
+    exported = run(url, "export")
+    assert f"database {missing}" in exported.stderr
+    assert [p["name"] for p in yaml.safe_load(exported.stdout)["pools"]] == ["h100"]
+
+
+def _stamp_0004(connection: Connection) -> None:
+    command.upgrade(alembic_config(connection), "0004")
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"])
+async def test_a_dry_run_on_a_file_behind_head_leaves_it_behind(
+    tmp_path: Path, dialect: str
+) -> None:
+    path = tmp_path / "old.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_stamp_0004)
+    finally:
+        await engine.dispose()
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+
+    plan = out(url, "apply", "-f", str(fleet), "--dry-run")
+    assert plan["changes"] == 8
+    exported = yaml.safe_load(run(url, "export").stdout)
+    assert exported["pools"] == []
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0004",)]

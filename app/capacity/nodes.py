@@ -12,30 +12,37 @@ from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound
 from app.ids import new_id
 
+MAX_NODE_GPUS = 1024
+
 
 async def add_node(
     db: Database, pool_id: str, gpus: int, owner_tenant_id: str | None = None
 ) -> str:
-    """A node joins a pool; the rollup follows. A tenant-owned node pins the pool to its owner."""
-    if gpus < 1 or gpus > 1024:
-        raise InvalidInput("gpus must be 1 to 1024", field="gpus")
+    """A node joins a pool in a unit of work of its own (`bettercompute node add`)."""
     async with UnitOfWork(db) as uow:
-        pool = (
-            # As owner writes lock it (access.lock_owned_pool): no wait on bookings' FK locks.
-            await uow.session.execute(
-                select(Pool).where(Pool.id == pool_id).with_for_update(key_share=True)
-            )
-        ).scalar_one_or_none()
-        if pool is None:
-            raise NotFound(f"pool {pool_id} not found", field="pool")
-        if pool.archived:
-            raise InvalidState(f"pool {pool_id} is archived", field="pool")
-        if owner_tenant_id is not None:
-            await require_tenant(uow.rows, owner_tenant_id, "ownerTenant")
-        node_id = new_id("node")
-        uow.session.add(
-            Node(id=node_id, pool_id=pool_id, gpus=gpus, owner_tenant_id=owner_tenant_id)
+        return await join_node(uow, pool_id, gpus, owner_tenant_id)
+
+
+async def join_node(
+    uow: UnitOfWork, pool_id: str, gpus: int, owner_tenant_id: str | None = None
+) -> str:
+    """A node joins a pool; the rollup follows. A tenant-owned node pins the pool to its owner."""
+    if gpus < 1 or gpus > MAX_NODE_GPUS:
+        raise InvalidInput(f"gpus must be 1 to {MAX_NODE_GPUS}", field="gpus")
+    pool = (
+        # As owner writes lock it (access.lock_owned_pool): no wait on bookings' FK locks.
+        await uow.session.execute(
+            select(Pool).where(Pool.id == pool_id).with_for_update(key_share=True)
         )
-        await uow.session.flush()
-        await refresh_rollup(uow.session, pool)
+    ).scalar_one_or_none()
+    if pool is None:
+        raise NotFound(f"pool {pool_id} not found", field="pool")
+    if pool.archived:
+        raise InvalidState(f"pool {pool_id} is archived", field="pool")
+    if owner_tenant_id is not None:
+        await require_tenant(uow.rows, owner_tenant_id, "ownerTenant")
+    node_id = new_id("node")
+    uow.session.add(Node(id=node_id, pool_id=pool_id, gpus=gpus, owner_tenant_id=owner_tenant_id))
+    await uow.session.flush()
+    await refresh_rollup(uow.session, pool)
     return node_id

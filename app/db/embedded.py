@@ -8,8 +8,11 @@ to the file, whichever driver opens it, starts with `connection_pragmas`.
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from contextlib import closing
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -72,3 +75,19 @@ async def ensure_migrated(url: str) -> None:
         from app.db.migrate import upgrade
 
         await upgrade(url)
+
+
+@contextmanager
+def scratch_copy(url: str) -> Iterator[str]:
+    """A throwaway copy of the embedded database at `url` (empty when there is no file),
+    as a URL, removed afterwards: what a read-only command migrates and reads instead of
+    writing the operator's file."""
+    path = sqlite_file(url)
+    with tempfile.TemporaryDirectory(prefix="bettercompute-") as scratch:
+        copy = os.path.join(scratch, "copy.db")
+        if path is not None and Path(path).is_file():
+            source = sqlite3.connect(file_uri(path, "ro"), uri=True, timeout=30)
+            target = sqlite3.connect(copy)
+            with closing(source), closing(target):
+                source.backup(target)  # consistent under WAL, unlike copying the file
+        yield f"{url.partition(':///')[0]}:///{quote(copy)}"

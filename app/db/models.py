@@ -12,6 +12,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -227,6 +228,22 @@ class FleetName(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     resource_id: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class FleetOffer(Base):
+    """An offer a fleet file declared when it was last applied (kubectl's last-applied
+    set): `apply` withdraws it once the file no longer lists it, and leaves alone offers
+    no file declared (made through the API) unless `--prune`. Withdrawn by any surface,
+    the offer takes this row with it."""
+
+    __tablename__ = "fleet_offers"
+    pool_id: Mapped[str] = mapped_column(String(57), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["pool_id", "tenant_id"], ["offers.pool_id", "offers.tenant_id"], ondelete="CASCADE"
+        ),
+    )
 
 
 class Event(Base):

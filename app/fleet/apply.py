@@ -4,8 +4,11 @@ Every write is a call of the capacity domain (the functions REST and GraphQL rea
 `Capacity`), made by a fleet admin, so validation, IAM and events are theirs; all of them
 share one unit of work, so a file that fails anywhere changes nothing. The file is
 declarative for what it names: a tenant, site, provider account, caller or pool left out
-of it is left alone, while a pool's offers are exactly the ones it lists. A pool is
-archived only when the file says `archived: true`. See ADR 0005.
+of it is left alone. A pool's offers follow `kubectl apply`: each one the file lists is
+made as listed; one the file listed when last applied and lists no more is withdrawn;
+one no file ever declared (made through the API) is left alone, unless `prune` (then a
+pool's offers are exactly the ones it lists). A pool is archived only when the file says
+`archived: true`. See ADR 0005 and ADR 0010.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.capacity import offers, pools
+from app.capacity import nodes, offers, pools
 from app.capacity.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
@@ -30,6 +33,8 @@ from app.db.engine import Database
 from app.db.models import (
     Caller,
     FleetName,
+    FleetOffer,
+    Node,
     Offer,
     Pool,
     ProviderAccount,
@@ -51,7 +56,7 @@ from app.iam.roles import FLEET_ADMIN, FLEET_TENANT
 OPERATOR = Principal(caller_id="bettercompute-apply", tenant_id=FLEET_TENANT, role=FLEET_ADMIN)
 
 # Kinds of named things, as stored in fleet_names and printed in the report.
-SITE, ACCOUNT, CALLER, POOL = "site", "providerAccount", "caller", "pool"
+SITE, ACCOUNT, CALLER, POOL, NODE = "site", "providerAccount", "caller", "pool", "node"
 _ROWS: dict[str, Any] = {SITE: Site, ACCOUNT: ProviderAccount, CALLER: Caller, POOL: Pool}
 
 # The domain names its inputs' fields; the file names them so.
@@ -102,13 +107,19 @@ class _DryRun(Exception):
 
 
 async def apply_fleet(
-    db: Database, fleet: FleetFile, *, dry_run: bool = False, notify: Notify | None = None
+    db: Database,
+    fleet: FleetFile,
+    *,
+    dry_run: bool = False,
+    prune: bool = False,
+    notify: Notify | None = None,
 ) -> dict[str, Any]:
-    """Apply `fleet` in one unit of work; a dry run makes every call, then rolls back."""
+    """Apply `fleet` in one unit of work; a dry run makes every call, then rolls back.
+    `prune` also withdraws the offers of the file's pools that no file declared."""
     report = Report()
     try:
         async with UnitOfWork(db, notify) as uow:
-            await _Apply(uow, report, dry_run=dry_run).run(fleet)
+            await _Apply(uow, report, dry_run=dry_run, prune=prune).run(fleet)
             if dry_run:
                 raise _DryRun
     except _DryRun:
@@ -117,11 +128,12 @@ async def apply_fleet(
 
 
 class _Apply:
-    def __init__(self, uow: UnitOfWork, report: Report, *, dry_run: bool) -> None:
+    def __init__(self, uow: UnitOfWork, report: Report, *, dry_run: bool, prune: bool) -> None:
         self.uow = uow
         self.session = uow.session
         self.report = report
         self.dry_run = dry_run
+        self.prune = prune
 
     async def run(self, fleet: FleetFile) -> None:
         await self._tenants(fleet)
@@ -308,6 +320,7 @@ class _Apply:
         except DomainError as exc:
             raise located(exc, path) from None
         await self._offers(path, entry, pool)
+        await self._nodes(path, entry, pool)
         if entry.archived and not pool.archived:
             try:
                 await pools.archive_pool(
@@ -434,35 +447,54 @@ class _Apply:
             for offer in await offers.offers_on(self.session, pool.id)
             if offer.tenant_id != pool.tenant_id
         }
+        declared = set(
+            await self.session.scalars(
+                select(FleetOffer.tenant_id).where(FleetOffer.pool_id == pool.id)
+            )
+        )
         for j, offer in enumerate(entry.offers):
             item = {"kind": "offer", "pool": entry.name, "tenant": entry.tenant, "to": offer.tenant}
             try:
                 had = current.pop(offer.tenant, None)
-                if had is not None and not await self._offer_differs(pool.id, had, offer):
-                    self.report.unchanged.append(item)
-                    continue
-                await offers.offer_pool(
-                    self.uow,
-                    OPERATOR,
-                    parse_input(
-                        OfferPoolInput,
-                        {
-                            "tenantId": entry.tenant,
-                            "poolId": pool.id,
-                            "toTenantId": offer.tenant,
-                            "quota": offer.quota,
-                            "includeDescendants": offer.include_descendants,
-                            "priority": offer.priority,
-                        },
-                    ),
-                )
+                differs = had is None or await self._offer_differs(pool.id, had, offer)
+                if differs:
+                    await offers.offer_pool(
+                        self.uow,
+                        OPERATOR,
+                        parse_input(
+                            OfferPoolInput,
+                            {
+                                "tenantId": entry.tenant,
+                                "poolId": pool.id,
+                                "toTenantId": offer.tenant,
+                                "quota": offer.quota,
+                                "includeDescendants": offer.include_descendants,
+                                "priority": offer.priority,
+                            },
+                        ),
+                    )
             except DomainError as exc:
                 raise located(exc, f"{path}.offers[{j}]") from None
+            if offer.tenant not in declared:  # from now on the file's to withdraw
+                self.session.add(FleetOffer(pool_id=pool.id, tenant_id=offer.tenant))
+                await self.session.flush()
             if had is None:
                 self.report.created.append(item)
-            else:
+            elif differs:
                 self.report.changed.append({**item, "action": "offer"})
-        for tenant_id in current:  # offered, but no longer in the file
+            else:
+                self.report.unchanged.append(item)
+        for tenant_id in current:  # offered, but not in the file
+            item = {"kind": "offer", "pool": entry.name, "tenant": entry.tenant, "to": tenant_id}
+            if tenant_id not in declared and not self.prune:
+                self.report.unchanged.append(
+                    {
+                        **item,
+                        "declared": False,
+                        "note": "made through the API; --prune withdraws it",
+                    }
+                )
+                continue
             try:
                 await offers.unoffer_pool(
                     self.uow,
@@ -474,15 +506,41 @@ class _Apply:
                 )
             except DomainError as exc:
                 raise located(exc, f"{path}.offers") from None
-            self.report.changed.append(
-                {
-                    "kind": "offer",
-                    "pool": entry.name,
-                    "tenant": entry.tenant,
-                    "to": tenant_id,
-                    "action": "unoffer",
-                }
+            self.report.changed.append({**item, "action": "unoffer"})
+
+    async def _nodes(self, path: str, entry: PoolEntry, pool: Pool) -> None:
+        """Each node the file lists joins the pool once; a node is never changed or
+        removed by a file (one left out is left alone)."""
+        for j, node in enumerate(entry.nodes):
+            where = f"{path}.nodes[{j}]"
+            item = {"kind": NODE, "pool": entry.name, "tenant": entry.tenant, "name": node.name}
+            node_id = await self.session.scalar(
+                select(FleetName.resource_id).where(
+                    FleetName.kind == NODE,
+                    FleetName.tenant_id == entry.tenant,
+                    FleetName.name == node.name,
+                )
             )
+            had = await self.session.get(Node, node_id or node.name)  # export names by id
+            if had is not None and had.pool_id != pool.id:
+                raise InvalidInput(
+                    f"{where}.name: node {node.name} is in another pool", field=f"{where}.name"
+                )
+            if had is None:
+                try:
+                    node_id = await nodes.join_node(self.uow, pool.id, node.gpus, node.owner_tenant)
+                except DomainError as exc:
+                    raise located(exc, where) from None
+                await self._remember(NODE, entry.tenant, node.name, node_id)
+                self.report.created.append({**item, "id": node_id})
+            elif (had.gpus, had.owner_tenant_id) != (node.gpus, node.owner_tenant):
+                raise InvalidInput(
+                    f"{where}: node {node.name} has {had.gpus} GPUs owned by "
+                    f"{had.owner_tenant_id or 'the pool'}; a node's GPUs and owner are fixed",
+                    field=where,
+                )
+            else:
+                self.report.unchanged.append({**item, "id": had.id})
 
     async def _offer_differs(self, pool_id: str, had: Offer, offer: OfferEntry) -> bool:
         return (

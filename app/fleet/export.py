@@ -17,6 +17,7 @@ from app.db.engine import Database
 from app.db.models import (
     Caller,
     FleetName,
+    Node,
     Offer,
     Pool,
     ProviderAccount,
@@ -25,7 +26,7 @@ from app.db.models import (
     Site,
     Tenant,
 )
-from app.fleet.apply import ACCOUNT, CALLER, POOL, SITE
+from app.fleet.apply import ACCOUNT, CALLER, NODE, POOL, SITE
 from app.iam.roles import FLEET_TENANT
 
 
@@ -54,6 +55,7 @@ async def export_fleet(db: Database) -> dict[str, Any]:
         ).all()
         pools = (await conn.execute(select(Pool).order_by(Pool.id))).all()
         offers = (await conn.execute(select(Offer).order_by(Offer.pool_id, Offer.tenant_id))).all()
+        nodes = (await conn.execute(select(Node).order_by(Node.created_at, Node.id))).all()
         quotas = (
             await conn.execute(
                 select(QuotaRow).order_by(QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource)
@@ -67,6 +69,12 @@ async def export_fleet(db: Database) -> dict[str, Any]:
     for row in quotas:
         quota[(row.pool_id, row.tenant_id)][row.resource] = row.max
 
+    nodes_by_pool: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for n in nodes:  # so an exported fleet keeps its capacity
+        node: dict[str, Any] = {"name": name(NODE, n.id), "gpus": n.gpus}
+        if n.owner_tenant_id is not None:
+            node["ownerTenant"] = n.owner_tenant_id
+        nodes_by_pool[n.pool_id].append(node)
     offers_by_pool: dict[str, list[dict[str, Any]]] = defaultdict(list)
     owners = {p.id: p.tenant_id for p in pools}
     for o in offers:
@@ -121,6 +129,8 @@ async def export_fleet(db: Database) -> dict[str, Any]:
         pool["quota"] = quota[(p.id, p.tenant_id)]
         if offers_by_pool[p.id]:
             pool["offers"] = offers_by_pool[p.id]
+        if nodes_by_pool[p.id]:
+            pool["nodes"] = nodes_by_pool[p.id]
         if p.archived:
             pool["archived"] = True
         document["pools"].append(pool)

@@ -30,6 +30,7 @@ from app.capacity.inputs import (
     Sharing,
     TenantId,
 )
+from app.capacity.nodes import MAX_NODE_GPUS
 from app.errors import InvalidInput
 
 # Letters, digits and ._:- like a tenant id, plus `_` so an id (`site_…`) is a valid name.
@@ -83,6 +84,14 @@ class OfferEntry(Entry):
     priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
 
 
+class NodeEntry(Entry):
+    """A node of GPUs in the pool, by a name unique per tenant (export writes its id)."""
+
+    name: Name
+    gpus: Annotated[int, Field(ge=1, le=MAX_NODE_GPUS)]
+    owner_tenant: TenantId | None = Field(default=None, alias="ownerTenant")
+
+
 class PoolEntry(Entry):
     tenant: TenantId
     name: Name
@@ -95,6 +104,7 @@ class PoolEntry(Entry):
     policy: dict[str, Any] = Field(default_factory=dict)
     quota: Quota | None = None  # the owner's rows; when left out, a new pool gets the default
     offers: list[OfferEntry] = Field(default_factory=list)
+    nodes: list[NodeEntry] = Field(default_factory=list)  # one left out is left alone
     archived: bool = False
 
 
@@ -155,6 +165,11 @@ def _check_unique(fleet: FleetFile) -> None:
                 f"{kind}[{i}].name",
                 f"name {entry.name} of tenant {entry.tenant}",
             )
+    nodes: dict[str, set[Any]] = {}
+    for i, pool in enumerate(fleet.pools):
+        for j, node in enumerate(pool.nodes):
+            where = f"pools[{i}].nodes[{j}].name"
+            once(nodes.setdefault(pool.tenant, set()), node.name, where, f"node {node.name}")
     for i, pool in enumerate(fleet.pools):
         if pool.archived and pool.offers:
             where = f"pools[{i}].offers"

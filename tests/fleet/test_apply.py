@@ -10,10 +10,10 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from app.capacity.inputs import CreatePoolInput, OfferPoolInput, parse_input
+from app.capacity.inputs import CreatePoolInput, OfferPoolInput, UnofferPoolInput, parse_input
 from app.capacity.service import Capacity
 from app.db.engine import Database
-from app.db.models import Event, FleetName, Pool, RoleBinding, Tenant
+from app.db.models import Event, FleetName, Offer, Pool, RoleBinding, Tenant
 from app.demo import DEMO_FLEET
 from app.errors import Conflict, InvalidInput, NotFound
 from app.fleet.apply import OPERATOR, apply_fleet
@@ -57,8 +57,10 @@ def document() -> dict[str, Any]:
     return loaded
 
 
-async def apply(db: Database, doc: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-    return await apply_fleet(db, parse_fleet(copy.deepcopy(doc)), dry_run=dry_run)
+async def apply(
+    db: Database, doc: dict[str, Any], *, dry_run: bool = False, prune: bool = False
+) -> dict[str, Any]:
+    return await apply_fleet(db, parse_fleet(copy.deepcopy(doc)), dry_run=dry_run, prune=prune)
 
 
 async def events(db: Database) -> list[tuple[str, dict[str, Any]]]:
@@ -307,6 +309,117 @@ async def test_the_readme_fleet_file_applies_and_the_demo_file_parses(db: Databa
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
     report = await apply_fleet(db, read_fleet(block, "README.md"))
-    assert report["changes"] == len(report["created"]) == 8
+    assert report["changes"] == len(report["created"]) == 9
     assert (await apply_fleet(db, read_fleet(block, "README.md")))["changes"] == 0
     read_fleet(DEMO_FLEET.read_text(), str(DEMO_FLEET))
+
+
+async def _offer_through_the_api(db: Database, pool_id: str, to: str, gpus: int) -> None:
+    body = {"tenantId": "acme", "poolId": pool_id, "toTenantId": to, "quota": {"gpu": gpus}}
+    await Capacity(db).offer_pool(OPERATOR, parse_input(OfferPoolInput, body))
+
+
+async def _offered(db: Database, pool_id: str) -> list[str]:
+    async with db.reader.connect() as conn:
+        rows = await conn.scalars(
+            select(Offer.tenant_id).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
+        )
+        return [t for t in rows if t != "acme"]
+
+
+async def test_apply_keeps_offers_no_file_declared_and_prune_withdraws_them(db: Database) -> None:
+    """As `kubectl apply`: what the file applied before and no longer lists is withdrawn;
+    an offer made through the API survives, until `--prune`."""
+    first = await apply(db, document())
+    h100 = next(e["id"] for e in first["created"] if e["kind"] == "pool" and e["name"] == "h100")
+    await _offer_through_the_api(db, h100, "acme-lab", 2)
+
+    again = await apply(db, document())
+    assert again["changes"] == 0 and await _offered(db, h100) == ["acme-lab", "globex", "initech"]
+    kept = [e for e in again["unchanged"] if e.get("declared") is False]
+    assert keys(kept) == [("offer", "h100", "acme-lab", None)] and "--prune" in kept[0]["note"]
+
+    dropped = document()
+    dropped["pools"][0]["offers"] = dropped["pools"][0]["offers"][:1]  # initech left out
+    report = await apply(db, dropped)
+    assert keys(report["changed"]) == [("offer", "h100", "initech", "unoffer")]
+    assert await _offered(db, h100) == ["acme-lab", "globex"]
+
+    plan = await apply(db, dropped, prune=True, dry_run=True)  # says what it would remove
+    assert keys(plan["changed"]) == [("offer", "h100", "acme-lab", "unoffer")]
+    assert await _offered(db, h100) == ["acme-lab", "globex"]
+    await apply(db, dropped, prune=True)
+    assert await _offered(db, h100) == ["globex"]
+
+
+async def test_an_offer_withdrawn_elsewhere_is_no_longer_the_files(db: Database) -> None:
+    """The file's record of an offer goes with the offer: withdrawn through the API and
+    offered again there, it is the API's, and survives an apply that does not list it."""
+    first = await apply(db, document())
+    h100 = next(e["id"] for e in first["created"] if e["kind"] == "pool" and e["name"] == "h100")
+    capacity = Capacity(db)
+    unoffer = {"tenantId": "acme", "poolId": h100, "toTenantId": "initech"}
+    await capacity.unoffer_pool(OPERATOR, parse_input(UnofferPoolInput, unoffer))
+    await _offer_through_the_api(db, h100, "initech", 1)
+    without = document()
+    without["pools"][0]["offers"] = without["pools"][0]["offers"][:1]
+    await apply(db, without)
+    assert await _offered(db, h100) == ["globex", "initech"]
+
+
+async def test_nodes_in_a_file_join_once_and_export_keeps_capacity(db: Database) -> None:
+    doc = document()
+    doc["pools"][0]["nodes"] = [{"name": "rack1-a", "gpus": 8}, {"name": "rack1-b", "gpus": 8}]
+    first = await apply(db, doc)
+    assert [e["name"] for e in first["created"] if e["kind"] == "node"] == ["rack1-a", "rack1-b"]
+    assert (await apply(db, doc))["changes"] == 0
+
+    exported = await export_fleet(db)
+    h100 = next(p for p in exported["pools"] if p["name"] == "h100")
+    assert h100["nodes"] == [{"name": "rack1-a", "gpus": 8}, {"name": "rack1-b", "gpus": 8}]
+    assert (await apply_fleet(db, parse_fleet(exported)))["changes"] == 0
+
+    grown = copy.deepcopy(doc)
+    grown["pools"][0]["nodes"][1]["gpus"] = 4
+    with pytest.raises(InvalidInput, match=r"pools\[0\]\.nodes\[1\]: .*fixed"):
+        await apply(db, grown)
+    twice = copy.deepcopy(doc)
+    twice["pools"][1]["nodes"] = [{"name": "rack1-a", "gpus": 8}]
+    with pytest.raises(InvalidInput, match=r"pools\[1\]\.nodes\[0\]\.name: .*twice"):
+        await apply(db, twice)
+
+
+async def test_an_exported_fleet_keeps_its_capacity_in_a_new_database(
+    db: Database, fresh_database_url: str
+) -> None:
+    """Nodes added without a file are exported under their ids; applied to an empty
+    database, the fleet has the same GPUs."""
+    from app.capacity.nodes import add_node
+    from app.db.engine import create_database
+    from app.db.migrate import upgrade
+    from app.db.models import CapacityRow
+
+    first = await apply(db, document())
+    h100 = next(e["id"] for e in first["created"] if e["kind"] == "pool" and e["name"] == "h100")
+    await add_node(db, h100, 8)
+    await add_node(db, h100, 4)
+    exported = await export_fleet(db)
+
+    await upgrade(fresh_database_url)
+    other = create_database(fresh_database_url)
+    try:
+        await apply_fleet(other, parse_fleet(exported))
+
+        async def gpus(on: Database) -> list[int]:
+            async with on.reader.connect() as conn:
+                rows = await conn.scalars(
+                    select(CapacityRow.allocatable)
+                    .join(Pool, Pool.id == CapacityRow.pool_id)
+                    .where(CapacityRow.resource == "gpu")
+                    .order_by(CapacityRow.allocatable)
+                )
+                return list(rows)
+
+        assert await gpus(other) == await gpus(db) and 12 in await gpus(other)
+    finally:
+        await other.dispose()
