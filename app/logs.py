@@ -1,14 +1,58 @@
 """Logging for `serve`: one JSON object per line when stderr is not a terminal (or
 BETTERCOMPUTE_LOG_FORMAT=json), plain text on a terminal. Every record made while a
-request is handled carries its `request_id` (app/observe.py)."""
+request is handled carries its `request_id` (app/observe.py).
+
+A record is one line whatever its values hold: a logged path or header is the sender's
+text, and a newline in it would write a line of the sender's choosing. JSON escapes
+control characters; the text format escapes them too (`TextFormatter`), and a record's
+traceback continues on indented lines, never at the start of one."""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
 from app.config import Settings
+
+_ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
+# C0 and C1 controls, DEL, and Unicode's line and paragraph separators (terminals and
+# log viewers break lines there, or act on escape sequences).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line: control characters as Python escapes (`\\n`, `\\x1b`)."""
+    return _CONTROL.sub(_escaped, text)
+
+
+class TextFormatter(logging.Formatter):
+    """logging's formatter with every control character of a record escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: _ExcInfo | tuple[None, None, None]) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    """A traceback, each line escaped and indented (the record's first line is the only
+    one that starts at the margin)."""
+    return "\n".join("    " + escape_controls(line) for line in text.splitlines())
 
 
 class RequestIdFilter(logging.Filter):
@@ -40,7 +84,10 @@ def logging_config(settings: Settings) -> dict[str, Any]:
             },
         }
         if json
-        else {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+        else {
+            "()": TextFormatter,
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
     )
     level = settings.log_level.upper()
     return {
