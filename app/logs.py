@@ -3,9 +3,11 @@ BETTERCOMPUTE_LOG_FORMAT=json), plain text on a terminal. Every record made whil
 request is handled carries its `request_id` (app/observe.py).
 
 A record is one line whatever its values hold: a logged path or header is the sender's
-text, and a newline in it would write a line of the sender's choosing. JSON escapes
-control characters; the text format escapes them too (`TextFormatter`), and a record's
-traceback continues on indented lines, never at the start of one."""
+text, and a newline in it would write a line of the sender's choosing. The text format
+escapes control characters (`TextFormatter`), and a record's traceback continues on
+indented lines, never at the start of one. JSON escapes C0 controls; `JsonFormatter`
+escapes the few that JSON lets through raw (DEL, C1, U+2028/9), which some readers take
+for line breaks or terminal commands."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import re
 import sys
 from types import TracebackType
 from typing import Any, TypeAlias
+
+from pythonjsonlogger.core import LogData
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 from app.config import Settings
 
@@ -49,6 +54,20 @@ class TextFormatter(logging.Formatter):
         return _indented(super().formatStack(stack_info))
 
 
+# What JSON strings may hold raw that `_CONTROL` escapes (orjson escapes the rest); never
+# found outside a string in orjson's output, so replaced in the whole text.
+_JSON_RAW_CONTROL = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+class JsonFormatter(OrjsonFormatter):
+    """python-json-logger's orjson formatter, with every control character escaped."""
+
+    def jsonify_log_record(self, log_data: LogData) -> str:
+        return _JSON_RAW_CONTROL.sub(
+            lambda m: f"\\u{ord(m.group()):04x}", super().jsonify_log_record(log_data)
+        )
+
+
 def _indented(text: str) -> str:
     """A traceback, each line escaped and indented (the record's first line is the only
     one that starts at the margin)."""
@@ -74,7 +93,7 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     )
     formatter: dict[str, Any] = (
         {
-            "()": "pythonjsonlogger.orjson.OrjsonFormatter",
+            "()": JsonFormatter,
             "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
             "rename_fields": {
                 "asctime": "time",
