@@ -17,6 +17,7 @@ from the catalog (app/observe.py); GraphQL operation names are kept up to a boun
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -32,6 +34,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
@@ -211,11 +215,37 @@ def worker_stopped() -> None:
         multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
-async def metrics(_: Request) -> Response:
+class _Family(Collector):
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return (self.family,)
+
+
+async def _exposition() -> bytes:
+    """One metric family at a time with the event loop free in between: a scrape never
+    holds up the requests being served for longer than one family takes."""
+    registry: Collector = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        body = generate_latest(registry)
-    else:
-        body = generate_latest()
+    parts = []
+    for family in registry.collect():
+        parts.append(generate_latest(_Family(family)))
+        await asyncio.sleep(0)
+    return b"".join(parts)
+
+
+_making: asyncio.Task[bytes] | None = None
+
+
+async def metrics(_: Request) -> Response:
+    """Any client may scrape, as often as it likes: scrapes that arrive while one is
+    being made share it (figures as of a moment after they were asked for)."""
+    global _making
+    if _making is None or _making.done() or _making.get_loop() is not asyncio.get_running_loop():
+        _making = asyncio.create_task(_exposition())
+    # Shielded: a client that goes away does not cancel the others' scrape.
+    body = await asyncio.shield(_making)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
