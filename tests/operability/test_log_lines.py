@@ -24,6 +24,7 @@ PATHS = (
 )
 DECODED = "\nFORGED-LF\rFORGED-CR\x1b[31mFORGED-ESC\x00\x7f\x85FORGED-NEL\u2028FORGED-LS"
 ESCAPED = "\\nFORGED-LF\\rFORGED-CR\\x1b[31mFORGED-ESC\\x00\\x7f\\x85FORGED-NEL\\u2028FORGED-LS"
+LONG_PATH = 32 * 1024
 TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO app\.access ")
 # Any control character but the newline that ends each line, as bytes in the log.
 RAW_CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\xa8\xa9]")
@@ -42,6 +43,9 @@ async def test_control_characters_stay_on_one_line(
             for path in PATHS:
                 answer = await client.post(path, json={})
                 assert answer.status_code in (404, 405), answer.text
+            # A long path is logged cut (each request's line has a bounded size).
+            long = await client.post("/api/compute/x/" + "y" * LONG_PATH, json={})
+            assert long.status_code == 404
             # An operation name and a request id with control characters, with a token:
             # neither is logged as sent (the name is `other`, the id one of ours).
             answer = await client.post(
@@ -56,6 +60,8 @@ async def test_control_characters_stay_on_one_line(
         log = served.log.read_bytes()
 
     lines = log.split(b"\n")
+    (cut,) = [line for line in lines if b"/api/compute/x/yyy" in line]
+    assert len(cut) < 4096 and f"({LONG_PATH + 15 - 2048} more)".encode() in cut
     forged = [line.decode() for line in lines if b"FORGED" in line]
     # Exactly one line per request, each a whole access record (nothing at a line start).
     assert len(forged) == len(PATHS), forged
