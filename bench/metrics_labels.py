@@ -2,9 +2,9 @@
 then does to another tenant's reads (issue 19, item 1).
 
     .venv/bin/python -m bench.metrics_labels                      # about 2 minutes
-    .venv/bin/python -m bench.metrics_labels --checkout /tmp/old  # the same against a
-        # checkout of other code (e.g. `git worktree add /tmp/old 1db009e`), with this
-        # tree's virtualenv: the figures before the fix
+    .venv/bin/python -m bench.metrics_labels --checkout /tmp/old  # the same against
+        # other code, with this tree's virtualenv: the figures before the fix
+        # (`git clone -q . /tmp/old && git -C /tmp/old checkout -q 1db009e`)
 
 Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL); installs `wrk` with apt-get on
 first use (bench/native_load.py). Creates a fresh database (dropped at the end), a tenant
