@@ -174,6 +174,12 @@ class Settings(BaseSettings):
     log_level: str = setting(
         "INFO", "the root log level; `DEBUG` adds SQL statements (never their bound values)"
     )
+    # Metrics (app/metrics.py).
+    metrics_max_operations: int = setting(
+        200,
+        "distinct GraphQL operation names `/metrics` labels, per process; later ones are "
+        "counted as `other`",
+    )
     # The per-caller budget (app/rate_limit.py), per window; 0 switches a budget off.
     rate_limit_requests: int = setting(0, "requests per caller per window (0: no limit)")
     rate_limit_cost: int = setting(

@@ -1,14 +1,77 @@
 """Logging for `serve`: one JSON object per line when stderr is not a terminal (or
 BETTERCOMPUTE_LOG_FORMAT=json), plain text on a terminal. Every record made while a
-request is handled carries its `request_id` (app/observe.py)."""
+request is handled carries its `request_id` (app/observe.py).
+
+A record is one line whatever its values hold: a logged path or header is the sender's
+text, and a newline in it would write a line of the sender's choosing. The text format
+escapes control characters (`TextFormatter`), and a record's traceback continues on
+indented lines, never at the start of one. JSON escapes C0 controls; `JsonFormatter`
+escapes the few that JSON lets through raw (DEL, C1, U+2028/9), which some readers take
+for line breaks or terminal commands."""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
+
+from pythonjsonlogger.core import LogData
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 from app.config import Settings
+
+_ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
+# C0 and C1 controls, DEL, and Unicode's line and paragraph separators (terminals and
+# log viewers break lines there, or act on escape sequences).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line: control characters as Python escapes (`\\n`, `\\x1b`)."""
+    return _CONTROL.sub(_escaped, text)
+
+
+class TextFormatter(logging.Formatter):
+    """logging's formatter with every control character of a record escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: _ExcInfo | tuple[None, None, None]) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+# What JSON strings may hold raw that `_CONTROL` escapes (orjson escapes the rest); never
+# found outside a string in orjson's output, so replaced in the whole text.
+_JSON_RAW_CONTROL = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+class JsonFormatter(OrjsonFormatter):
+    """python-json-logger's orjson formatter, with every control character escaped."""
+
+    def jsonify_log_record(self, log_data: LogData) -> str:
+        return _JSON_RAW_CONTROL.sub(
+            lambda m: f"\\u{ord(m.group()):04x}", super().jsonify_log_record(log_data)
+        )
+
+
+def _indented(text: str) -> str:
+    """A traceback, each line escaped and indented (the record's first line is the only
+    one that starts at the margin)."""
+    return "\n".join("    " + escape_controls(line) for line in text.splitlines())
 
 
 class RequestIdFilter(logging.Filter):
@@ -30,7 +93,7 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     )
     formatter: dict[str, Any] = (
         {
-            "()": "pythonjsonlogger.orjson.OrjsonFormatter",
+            "()": JsonFormatter,
             "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
             "rename_fields": {
                 "asctime": "time",
@@ -40,7 +103,10 @@ def logging_config(settings: Settings) -> dict[str, Any]:
             },
         }
         if json
-        else {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+        else {
+            "()": TextFormatter,
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
     )
     level = settings.log_level.upper()
     return {

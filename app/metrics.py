@@ -6,17 +6,27 @@ whole server. Gauges say how they add up across processes (`multiprocess_mode`).
 
 Only this service's own events are counted here; each update is a dictionary lookup and
 an addition (a few microseconds per request).
+
+Every label takes its values from a closed set, whatever a request sends: a label value
+is a series kept for the life of the process and printed by every scrape, so one made
+per request (a random path, a made-up operation name) would grow memory and the scrape
+without bound. Transports, error codes and outcomes are listed here; REST methods come
+from the catalog (app/observe.py); GraphQL operation names are kept up to a bound
+(`OperationNames`), later ones counted as `other`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -24,6 +34,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
@@ -98,10 +110,56 @@ RATE_LIMITED = Counter(
 )
 
 
+# The closed sets of label values (anything else is `OTHER`).
+OTHER = "other"
+TRANSPORTS = frozenset({"rest", "graphql", "http"})
+# CONTRACT section 3, and the persisted-query refusals (schema/persisted.py).
+ERROR_CODES = frozenset(
+    {
+        "INVALID_INPUT",
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        "NOT_FOUND",
+        "CONFLICT",
+        "INVALID_STATE",
+        "RESOURCE_EXHAUSTED",
+        "UNAVAILABLE",
+        "INTERNAL",
+        "PERSISTED_QUERY_NOT_FOUND",
+        "PERSISTED_QUERY_NOT_SUPPORTED",
+        "PERSISTED_QUERY_NOT_ALLOWED",
+    }
+)
+
+
+class OperationNames:
+    """The `operation` label of GraphQL requests: the first `bound` distinct names this
+    process sees (the `fixed` ones not counted), then `other`. Names come only from
+    authenticated requests (schema/view.py refuses the others before parsing), but any
+    caller may send as many as it likes. Per process: `serve --workers N` may show up to
+    N times `bound` in one scrape."""
+
+    def __init__(self, bound: int, fixed: Iterable[str] = ()) -> None:
+        self.bound = max(0, bound)
+        self._fixed = frozenset(fixed)
+        self._names: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        if name in self._fixed or name in self._names:
+            return name
+        if len(self._names) < self.bound:
+            self._names.add(name)
+            return name
+        return OTHER
+
+
 def observe_request(transport: str, operation: str, duration_s: float, codes: list[str]) -> None:
+    """One request; `operation` is one of a closed set already (app/observe.py)."""
+    if transport not in TRANSPORTS:
+        transport = OTHER
     REQUESTS.labels(transport, operation).observe(duration_s)
     for code in codes:
-        ERRORS.labels(transport, code).inc()
+        ERRORS.labels(transport, code if code in ERROR_CODES else OTHER).inc()
 
 
 def instrument_engine(engine: AsyncEngine, role: str) -> None:
@@ -133,7 +191,7 @@ def instrument_engine(engine: AsyncEngine, role: str) -> None:
         statement_sent()
 
 
-_statements = {t: DB_STATEMENTS.labels(t) for t in ("rest", "graphql", "http", "none")}
+_statements = {t: DB_STATEMENTS.labels(t) for t in (*sorted(TRANSPORTS), "none", OTHER)}
 
 
 # The transport of the request being served (app/observe.py sets it), for the counts.
@@ -143,11 +201,8 @@ request_transport: ContextVar[str] = ContextVar("request_transport", default="no
 def statement_sent() -> None:
     """One SQL statement, counted for the transport of the request that sent it: from the
     engines' events, and by the compiled reads' direct pool (app/db/direct.py)."""
-    transport = request_transport.get()
-    counter = _statements.get(transport)
-    if counter is None:
-        counter = _statements[transport] = DB_STATEMENTS.labels(transport)
-    counter.inc()
+    # A transport not listed is counted as `other`, not given a label of its own.
+    _statements.get(request_transport.get(), _statements[OTHER]).inc()
 
 
 def relay_delivered(occurred_at_s: float) -> None:
@@ -160,11 +215,37 @@ def worker_stopped() -> None:
         multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
 
-async def metrics(_: Request) -> Response:
+class _Family(Collector):
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return (self.family,)
+
+
+async def _exposition() -> bytes:
+    """One metric family at a time with the event loop free in between: a scrape never
+    holds up the requests being served for longer than one family takes."""
+    registry: Collector = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        body = generate_latest(registry)
-    else:
-        body = generate_latest()
+    parts = []
+    for family in registry.collect():
+        parts.append(generate_latest(_Family(family)))
+        await asyncio.sleep(0)
+    return b"".join(parts)
+
+
+_making: asyncio.Task[bytes] | None = None
+
+
+async def metrics(_: Request) -> Response:
+    """Any client may scrape, as often as it likes: scrapes that arrive while one is
+    being made share it (figures as of a moment after they were asked for)."""
+    global _making
+    if _making is None or _making.done() or _making.get_loop() is not asyncio.get_running_loop():
+        _making = asyncio.create_task(_exposition())
+    # Shielded: a client that goes away does not cancel the others' scrape.
+    body = await asyncio.shield(_making)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

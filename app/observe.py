@@ -5,6 +5,9 @@ The endpoints fill in the request's `RequestInfo` (a context variable) as they l
 things: the transport and method or GraphQL operation name, the caller and tenant once
 authenticated, the error codes answered, the GraphQL cost, the rate-limit headers.
 Every log record of the request carries its id (app/logs.py reads the variable).
+
+What a request sends never becomes a metric label as it is (app/metrics.py): a REST path
+is its catalog method or `unknown`, a GraphQL operation name one of a bounded set.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
+from app.catalog import METHODS
 
 log = logging.getLogger("app.access")
 
@@ -62,17 +66,36 @@ def record_code(code: str) -> None:
         info.codes.append(code)
 
 
+# REST operations by path: the catalog's methods (`pools/list`), the catalog itself.
+_REST_PREFIX = "/api/compute/"
+_REST_OPERATIONS = {m.path: m.path.removeprefix(_REST_PREFIX) for m in METHODS} | {
+    "/api/compute/catalog": "catalog"
+}
+UNKNOWN = "unknown"  # any other path under /api/compute/ (a 404)
+# GraphQL's operations that are not a name the request sent.
+_GRAPHQL_FIXED = ("anonymous", metrics.OTHER)
+# A path is logged whole up to this length (a request line may be far longer).
+_MAX_LOGGED_PATH = 2048
+
+
 def _route(path: str) -> tuple[str, str]:
-    if path.startswith("/api/compute/"):
-        return "rest", path.rsplit("/", 1)[-1]
+    if path.startswith(_REST_PREFIX):
+        return "rest", _REST_OPERATIONS.get(path, UNKNOWN)
     if path == "/graphql":
         return "graphql", "anonymous"
-    return "http", path
+    return "http", _logged_path(path)  # logged, not a label: probes are not counted
+
+
+def _logged_path(path: str) -> str:
+    if len(path) <= _MAX_LOGGED_PATH:
+        return path
+    return f"{path[:_MAX_LOGGED_PATH]}...({len(path) - _MAX_LOGGED_PATH} more)"
 
 
 class Observe:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_operations: int = 200) -> None:
         self.app = app
+        self.operations = metrics.OperationNames(max_operations, _GRAPHQL_FIXED)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -108,11 +131,17 @@ class Observe:
         finally:
             duration = time.perf_counter() - started
             if info.transport != "http":  # probes and /metrics are not counted as requests
-                metrics.observe_request(info.transport, info.operation, duration, info.codes)
+                operation = (
+                    self.operations(info.operation)
+                    if info.transport == "graphql"
+                    else info.operation
+                )
+                metrics.observe_request(info.transport, operation, duration, info.codes)
+            # Its values as the request sent them, escaped by the formatter (app/logs.py).
             log.info(
                 "%s %s %s",
                 scope["method"],
-                scope["path"],
+                _logged_path(scope["path"]),
                 status,
                 extra={
                     "transport": info.transport,

@@ -121,7 +121,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         our_websocket_handlers=pieces.websocket_handlers,
     )
     middleware = [
-        Middleware(Observe),  # outermost: request ids, metrics and logs see every answer
+        # Outermost: request ids, metrics and logs see every answer.
+        Middleware(Observe, max_operations=settings.metrics_max_operations),
         Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
     ]
     if settings.allowed_origins:

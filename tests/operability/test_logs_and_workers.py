@@ -91,7 +91,7 @@ async def test_json_logs_with_request_ids_and_no_secrets(database_url: str, flee
     assert (first["tenant_id"], first["transport"], first["operation"]) == (
         "acme",
         "rest",
-        "create",
+        "pools/create",
     )
     assert first["status"] == 200 and first["duration_ms"] > 0
     assert [r["request_id"] for r in access if r.get("request_id") == made_id]
@@ -102,7 +102,7 @@ async def test_json_logs_with_request_ids_and_no_secrets(database_url: str, flee
     assert token not in output and POLICY_SECRET not in output
 
     # Both workers' requests in one scrape (prometheus-client's multiprocess mode).
-    assert value(samples, REQUESTS, transport="rest", operation="create") == 2
+    assert value(samples, REQUESTS, transport="rest", operation="pools/create") == 2
     assert value(samples, REQUESTS, transport="graphql", operation=OPERATION) == 6
     assert (
         value(samples, "bettercompute_errors_total", transport="rest", code="UNAUTHENTICATED") == 1

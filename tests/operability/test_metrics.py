@@ -63,8 +63,8 @@ async def test_metrics_move_with_traffic(database_url: str, fleet: Fleet) -> Non
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert moved(REQUESTS, transport="rest", operation="create") == 1
-    assert moved(REQUESTS, transport="rest", operation="get") == 2
+    assert moved(REQUESTS, transport="rest", operation="pools/create") == 1
+    assert moved(REQUESTS, transport="rest", operation="pools/get") == 2
     assert moved(REQUESTS, transport="graphql", operation="Dashboard") == 3
     assert moved(ERRORS, transport="rest", code="NOT_FOUND") == 1
     assert moved(ERRORS, transport="graphql", code="UNAUTHENTICATED") == 1
@@ -77,4 +77,4 @@ async def test_metrics_move_with_traffic(database_url: str, fleet: Fleet) -> Non
     assert value(after, "bettercompute_subscriptions_open") == 0
     assert ("bettercompute_db_connections_in_use", frozenset({("role", "writer")})) in after
     duration = "bettercompute_request_duration_seconds_sum"
-    assert moved(duration, transport="rest", operation="get") > 0
+    assert moved(duration, transport="rest", operation="pools/get") > 0
