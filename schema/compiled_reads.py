@@ -262,7 +262,7 @@ class CompiledReads:
         self._plans[key] = plan
         self._sizes[key] = 0
         PLANS.inc()
-        self._grew(key, held(key) + held(plan))
+        self._grew(key, held((key, plan)))  # the text once: the plan keeps its key
 
     def _grew(self, key: tuple[str, str | None], size: int) -> None:
         """Count `size` more bytes for the plan under `key`, then drop the least recently

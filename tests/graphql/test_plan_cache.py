@@ -128,7 +128,7 @@ async def test_distinct_queries_stay_within_the_bounds(
                 assert "errors" not in reply, reply
         assert compiled.bytes <= BOUND, compiled.bytes
         # What the plans reach is counted (an overestimate: shapes share their nodes).
-        reached = sum(held(key) + held(plan) for key, plan in compiled._plans.items())
+        reached = sum(held((key, plan)) for key, plan in compiled._plans.items())
         assert reached <= compiled.bytes
     # /metrics says what this app's plans hold.
     assert _gauge("bettercompute_compiled_plans") - plans == len(compiled)
