@@ -61,6 +61,11 @@ class Settings(BaseSettings):
         "executor, the lean websocket protocol; false serves with stock graphql-core, "
         "strawberry and uvicorn over the domain, which answer the same (app/compat.py)",
     )
+    compiled_plan_cache_bytes: int = setting(
+        16 * 1024 * 1024,
+        "GraphQL: bytes of compiled-read plans kept per process (query texts, documents, "
+        "statements; least recently used dropped; docs/decisions/0008)",
+    )
     # GraphQL query limits: refused before execution.
     max_query_depth: int = setting(12, "GraphQL: deepest selection (docs/graphql.md)")
     max_aliases: int = setting(30, "GraphQL: aliases per operation")
@@ -116,6 +121,12 @@ class Settings(BaseSettings):
         10,
         "PostgreSQL connections per process for compiled reads (one statement each, no "
         "transaction, no ping; docs/decisions/0008); opened on demand; 0: they use the pool",
+    )
+    db_prepared_statements_per_connection: int = setting(
+        16,
+        "compiled read statements each PostgreSQL connection keeps prepared (asyncpg's "
+        "statement cache: the least recently used is deallocated; statements over 15 KiB "
+        "are planned per request); each holds its plan in the server backend",
     )
     db_max_overflow: int = setting(
         10, "PostgreSQL connections per process opened beyond the pool under load"

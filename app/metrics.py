@@ -58,6 +58,17 @@ COMPILED_READS = Counter(
     "the plain path (an error to report, a caller whose decisions differ per pool...)",
     ["outcome"],
 )
+COMPILED_PLANS = Gauge(
+    "bettercompute_compiled_plans",
+    "GraphQL query texts with a compiled-read plan kept (schema/compiled_reads.py)",
+    multiprocess_mode="livesum",
+)
+COMPILED_PLAN_BYTES = Gauge(
+    "bettercompute_compiled_plan_bytes",
+    "Bytes the compiled-read plans hold; at most BETTERCOMPUTE_COMPILED_PLAN_CACHE_BYTES "
+    "per process",
+    multiprocess_mode="livesum",
+)
 DB_IN_USE = Gauge(
     "bettercompute_db_connections_in_use",
     "Database connections checked out of the pool",

@@ -20,7 +20,7 @@ from app.compat import graphql_core_schema
 from app.config import Settings
 from schema.cost_budget import CostBudget
 from schema.errors import ErrorCodes
-from schema.limits import query_limits
+from schema.limits import DOCUMENT_CACHE_SIZE, query_limits
 from schema.mutations import Mutation
 from schema.operations import OperationChecks
 from schema.queries import Query
@@ -75,7 +75,7 @@ def _build(
             hide_suggestions=not introspection,
         ),
         # The same query text is parsed once (limits apply: max_tokens is in the key).
-        lambda: ParserCache(maxsize=512),
+        lambda: ParserCache(maxsize=DOCUMENT_CACHE_SIZE),
         CostBudget,  # after the limits: charges the cost they computed, before execution
         ErrorCodes,
     ]

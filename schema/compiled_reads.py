@@ -18,9 +18,11 @@ themselves); anything else goes through get_variable_values.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FunctionType, ModuleType
 from typing import Any
 
 from graphql import (
@@ -53,6 +55,8 @@ from graphql.pyutils import Undefined
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
+from app.metrics import COMPILED_PLAN_BYTES as PLAN_BYTES
+from app.metrics import COMPILED_PLANS as PLANS
 from schema.limits import cost_errors
 
 # GraphQL field name -> the domain's value, per kind of object the plan covers.
@@ -111,9 +115,11 @@ _PAGE_INFO = {
 _ROOTS = {"pools": PageShape, "pool": PoolShape}
 # A plan keeps a shape per combination of the variables its directives read.
 _MAX_SHAPES_PER_PLAN = 16
-_MAX_PLANS = 512
-# Plans keep their query text as their key: a text longer than any dashboard's (a large
-# comment, say) runs on the plain path, so the plans hold at most 512 x 64 KiB.
+# The plans are bounded by the bytes they hold (BETTERCOMPUTE_COMPILED_PLAN_CACHE_BYTES):
+# a plan of a 3 KB query text holds its document, shapes and statements, some 100 KB,
+# so a count alone bounds nothing. A text longer than any dashboard's (a large comment,
+# say) is never planned.
+DEFAULT_PLAN_CACHE_BYTES = 16 * 1024 * 1024
 MAX_PLANNED_QUERY_CHARS = 64 * 1024
 
 
@@ -186,8 +192,9 @@ class _Recording(dict[str, Any]):
         return super().get(key, default)
 
 
-@dataclass
+@dataclass(eq=False)
 class Plan:
+    key: tuple[str, str | None]  # (query, operationName): its place in the cache
     document: DocumentNode
     operation: OperationDefinitionNode
     fragments: dict[str, FragmentDefinitionNode]
@@ -221,10 +228,18 @@ def _directive_variables(document: DocumentNode) -> tuple[str, ...]:
 
 
 class CompiledReads:
-    def __init__(self, schema: GraphQLSchema, max_cost: int) -> None:
+    def __init__(
+        self, schema: GraphQLSchema, max_cost: int, max_bytes: int = DEFAULT_PLAN_CACHE_BYTES
+    ) -> None:
         self._schema = schema
         self._max_cost = max_cost
+        self.max_bytes = max_bytes
         self._plans: OrderedDict[tuple[str, str | None], Plan | None] = OrderedDict()
+        self._sizes: dict[tuple[str, str | None], int] = {}
+        self.bytes = 0  # what the plans hold, as `held` measures it: never over max_bytes
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
     def plan(self, query: str, operation_name: str | None) -> Plan | None:
         key = (query, operation_name)
@@ -243,9 +258,29 @@ class CompiledReads:
         key = (query, operation_name)
         if key in self._plans or len(query) > MAX_PLANNED_QUERY_CHARS:
             return
-        self._plans[key] = self._make_plan(query, operation_name)
-        if len(self._plans) > _MAX_PLANS:
-            self._plans.popitem(last=False)
+        plan = self._make_plan(query, operation_name)
+        self._plans[key] = plan
+        self._sizes[key] = 0
+        PLANS.inc()
+        self._grew(key, held((key, plan)))  # the text once: the plan keeps its key
+
+    def _grew(self, key: tuple[str, str | None], size: int) -> None:
+        """Count `size` more bytes for the plan under `key`, then drop the least recently
+        used plans until the plans fit (this one too, when it alone does not)."""
+        self._sizes[key] += size
+        self.bytes += size
+        PLAN_BYTES.inc(size)
+        while self.bytes > self.max_bytes and self._plans:
+            oldest, _ = self._plans.popitem(last=False)
+            freed = self._sizes.pop(oldest)
+            self.bytes -= freed
+            PLAN_BYTES.dec(freed)
+            PLANS.dec()
+
+    def _kept(self, plan: Plan, size: int) -> None:
+        """A plan kept a shape or a cost: count it, if the plan is still cached."""
+        if self._plans.get(plan.key) is plan:
+            self._grew(plan.key, size)
 
     def _make_plan(self, query: str, operation_name: str | None) -> Plan | None:
         document = parse(query, no_location=True)
@@ -262,6 +297,7 @@ class CompiledReads:
             d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)
         }
         return Plan(
+            (query, operation_name),
             document,
             operation,
             fragments,
@@ -336,6 +372,7 @@ class CompiledReads:
             built = self._build(plan, full, capacity)
             if len(plan.shapes) < _MAX_SHAPES_PER_PLAN:
                 plan.shapes[key] = built
+                self._kept(plan, held(key) + held(built))
         if built is None:
             return None
         cost = self._cost(plan, raw)
@@ -358,7 +395,9 @@ class CompiledReads:
         if plan.cost_variables is None:
             plan.cost_variables = tuple(recording.read)
         if len(plan.costs) < _MAX_SHAPES_PER_PLAN:
-            plan.costs[tuple(_hashable(raw.get(n)) for n in plan.cost_variables)] = cost
+            key = tuple(_hashable(raw.get(n)) for n in plan.cost_variables)
+            plan.costs[key] = cost
+            self._kept(plan, held(key) + held(cost))
         return cost
 
     # --- planning ----------------------------------------------------------------------
@@ -562,6 +601,40 @@ def _included(
         else:
             raise Unplanned(f"@{name}")
     return True
+
+
+def held(value: object) -> int:
+    """The bytes `value` holds: sys.getsizeof of it and of every object it reaches
+    (containers, slots and attributes: a document's nodes, a shape, a statement's
+    text), each counted once; classes, functions and shared singletons are not its own."""
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is None or isinstance(item, bool | type | ModuleType | FunctionType):
+            continue
+        if id(item) in seen or item is Undefined:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, str | bytes | int | float):
+            continue
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        else:
+            for cls in type(item).__mro__:
+                for name in cls.__dict__.get("__slots__", ()):
+                    found = getattr(item, name, None)
+                    if found is not None:
+                        stack.append(found)
+            attributes = getattr(item, "__dict__", None)
+            if attributes is not None:
+                stack.append(attributes)
+    return total
 
 
 def _hashable(value: Any) -> Any:

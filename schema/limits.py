@@ -93,6 +93,11 @@ UNKNOWN_LIST = MAX_PAGE_SIZE
 MAX_EXPANDED_FIELDS = 10_000
 # orjson encodes 64-bit integers only; the message carries the exact figure.
 MAX_REPORTED_COST = 2**63 - 1
+# Parsed documents are kept per query text (schema/app.py's parser cache) and so is what
+# is derived from them (shape_errors, _validate: keyed by the document, so they keep it
+# alive): each is bounded by max_tokens (2,000 tokens: under 1 MB), so this many bound
+# them all. 512 let distinct texts from one caller hold hundreds of MB (issue 19).
+DOCUMENT_CACHE_SIZE = 128
 
 
 def _refusal(message: str, node: Any, limit: str, **details: Any) -> GraphQLError:
@@ -185,7 +190,7 @@ def _shape(selection_set: SelectionSetNode, known: Mapping[str, Shape]) -> Shape
     return Shape(depth, aliases, fields)
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=DOCUMENT_CACHE_SIZE)
 def shape_errors(
     document: DocumentNode, max_depth: int, max_aliases: int, max_fields: int
 ) -> list[GraphQLError]:
@@ -336,7 +341,7 @@ STRAWBERRY_RULES: tuple[type[ASTValidationRule], ...] = (
 )
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=DOCUMENT_CACHE_SIZE)
 def _validate(
     schema: GraphQLSchema,
     document: DocumentNode,

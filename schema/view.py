@@ -97,7 +97,11 @@ class GraphQLView(GraphQL[Context, None]):
             self.graphql_transport_ws_handler_class = BaseGraphQLTransportWSHandler
             self.graphql_ws_handler_class = BaseGraphQLWSHandler
         self.compiled = (
-            CompiledReads(graphql_core_schema(schema), settings.max_query_cost)
+            CompiledReads(
+                graphql_core_schema(schema),
+                settings.max_query_cost,
+                settings.compiled_plan_cache_bytes,
+            )
             if settings.fast_path
             else None
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
 from app.capacity.policy import readable_policy
 from app.capacity.shapes import (
     Constant,
@@ -264,10 +265,15 @@ _SEES = f"(NOT p.archived OR p.tenant_id = {_TENANT})"
 class CompiledRead:
     """A shape's statement: parameters $1 tenant, $2 token hash, $3 role, $4 whether
     the role shares (compute:pools:share), then $5 `after` and $6 `first` for a page,
-    $5 the pool id for a pool."""
+    $5 the pool id for a pool.
+
+    `input` is the catalog method's input (`list` or `get`, app/catalog.py): the
+    arguments are validated by it, whole, as the plain read validates them, so input it
+    refuses (an unknown field included) gets no answer here."""
 
     shape: Shape
     sql: str
+    input: type[MethodInput]
     reads_capacity: bool
     shows_policy: bool  # masked once parsed (`readable`)
 
@@ -284,7 +290,8 @@ def compile_read(shape: Shape, root: tuple[Constant, ...] = ()) -> CompiledRead 
     except Unsupported:
         return None
     needs = _needs(shape.fields)
-    return CompiledRead(shape, sql, "capacity" in needs, "policy" in needs)
+    model = ListPoolsInput if isinstance(shape, PageShape) else GetPoolInput
+    return CompiledRead(shape, sql, model, "capacity" in needs, "policy" in needs)
 
 
 def _statement(shape: Shape, root: tuple[Constant, ...]) -> str:

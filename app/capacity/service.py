@@ -239,23 +239,27 @@ class Capacity:
         """A compiled read's answer, parsed JSON under the shape's keys; None when this
         path does not give the answer (input the plain read refuses, a caller whose
         decisions differ per pool, a token no longer live, a pool not visible, SQLite):
-        the plain read then gives it, error and all. `args` are the transport's tenantId,
-        first and after, or tenantId and poolId."""
+        the plain read then gives it, error and all. `args` are the method's input as
+        sent (REST's body, GraphQL's arguments), validated whole by the method's model as
+        the plain read validates them (an unknown field is refused), with a page's first
+        and after beside it."""
         if not self.compiles_reads:
             return None
         tail: tuple[object, ...]
         try:
             if read.page:
-                listed = parse_input(ListPoolsInput, {"tenantId": args.get("tenantId")})
+                # `first` and `after` page; the rest is the method's input (a `list`).
+                given = {k: v for k, v in args.items() if k not in ("first", "after")}
+                listed = parse_input(read.input, given)
+                assert isinstance(listed, ListPoolsInput)
                 page = pools_page_request(
                     args.get("first"),  # type: ignore[arg-type]
                     args.get("after"),  # type: ignore[arg-type]
                 )
                 tenant_id, tail = listed.tenant_id, (page.after, page.first)
             else:
-                get = parse_input(
-                    GetPoolInput, {"tenantId": args.get("tenantId"), "poolId": args.get("poolId")}
-                )
+                get = parse_input(read.input, args)
+                assert isinstance(get, GetPoolInput)
                 tenant_id, tail = get.tenant_id, (get.pool_id,)
         except DomainError:
             return None

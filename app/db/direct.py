@@ -6,7 +6,11 @@ ROLLBACK), which costs more than a compiled read itself. These statements need n
 connection that has died fails the statement, the pool drops it, and the caller answers
 on the plain path, whose pool pings. Bounded like the engines: connect, acquire and
 statement timeouts from the db_* settings; opened on first use, at most `max_size`
-connections (README: the connection budget).
+connections (README: the connection budget), each keeping at most
+`statements_per_connection` statements prepared (asyncpg's statement cache, least
+recently used deallocated): PostgreSQL keeps each prepared statement's plan in the
+backend's memory, about a megabyte for a large dashboard's, so distinct query texts must
+not accumulate there.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ if TYPE_CHECKING:
     import asyncpg
 
 
-
 async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
     return None
 
@@ -31,6 +34,7 @@ class DirectReads:
         dsn: str,
         *,
         max_size: int,
+        statements_per_connection: int,
         connect_timeout_s: float,
         acquire_timeout_s: float,
         statement_timeout_ms: int,
@@ -38,6 +42,7 @@ class DirectReads:
     ) -> None:
         self._dsn = dsn
         self._max_size = max_size
+        self._statements = statements_per_connection
         self._connect_timeout_s = connect_timeout_s
         self._acquire_timeout_s = acquire_timeout_s
         self._statement_timeout_ms = statement_timeout_ms
@@ -57,6 +62,9 @@ class DirectReads:
                         max_size=self._max_size,
                         timeout=self._connect_timeout_s,
                         command_timeout=self._command_timeout_s,
+                        # The hot set stays prepared; beyond it, the least recently used
+                        # statement is deallocated (on the server too).
+                        statement_cache_size=self._statements,
                         server_settings={
                             "statement_timeout": str(self._statement_timeout_ms),
                             # One plan per statement, made once per connection: these

@@ -161,6 +161,9 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         connect_args |= pgbouncer_connect_args()
     else:
         connect_args["server_settings"] = {"statement_timeout": statement_timeout}
+        # asyncpg's own cache holds what runs through it alone: the compiled reads when
+        # they use this pool (SQLAlchemy prepares its statements in its own cache).
+        connect_args["statement_cache_size"] = s.db_prepared_statements_per_connection
     engine = create_async_engine(
         target,
         pool_size=s.db_pool_size,
@@ -182,6 +185,7 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         direct = DirectReads(
             target.set(drivername="postgresql").render_as_string(hide_password=False),
             max_size=s.db_direct_pool_size,
+            statements_per_connection=s.db_prepared_statements_per_connection,
             connect_timeout_s=s.db_connect_timeout_s,
             acquire_timeout_s=s.db_acquire_timeout_s,
             statement_timeout_ms=int(statement_timeout),

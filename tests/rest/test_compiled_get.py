@@ -84,3 +84,58 @@ async def test_a_rebound_or_revoked_caller_is_answered_as_now(
         revoked = await _get(pair.fast, token, sent)
         assert revoked == await _get(pair.plain, token, sent)
         assert revoked[0] == 401, revoked
+
+
+def _declined() -> float:
+    found = REGISTRY.get_sample_value("bettercompute_compiled_reads_total", {"outcome": "declined"})
+    return found or 0.0
+
+
+# Fields `get` does not take (misspelled, or another method's): CONTRACT section 4.
+_UNKNOWN: list[dict[str, Any]] = [
+    {"colour": "red"},
+    {"tenantid": "acme"},
+    {"poolid": "x"},
+    {"version": 1},
+    {"dryRun": False},
+    {"first": 1},
+    {"tenant_id": "acme"},
+    {"": None},
+]
+
+
+async def test_unknown_fields_are_refused_alike(pair: Pair, world: World, dialect: str) -> None:
+    """Every unknown field answers the plain path's 400 INVALID_INPUT on both paths, for
+    every caller that could be answered by the compiled statement, on a pool it sees, one
+    it does not and an unknown one; the compiled path saw each and declined it."""
+    before = _declined()
+    tried = 0
+    for caller, tenant in CALLERS.items():
+        if caller in ("revoked", "nonsense"):
+            continue
+        token = world.tokens[caller]
+        for pool in (world.pools["p0"], world.pools["p3"], "pool_01j00000000000000000000000"):
+            for extra in _UNKNOWN:
+                body = {"tenantId": tenant, "poolId": pool, **extra}
+                plain = await _get(pair.plain, token, body)
+                assert plain[0] == 400, (caller, body, plain)
+                assert b'"INVALID_INPUT"' in plain[2], plain
+                for _ in range(2):  # the second with the caller remembered
+                    assert await _get(pair.fast, token, body) == plain, (caller, body)
+                tried += 2
+    declined = _declined() - before
+    if dialect == "postgresql":
+        assert declined == tried, (declined, tried)
+    else:
+        assert declined == 0
+
+
+def test_the_compiled_read_validates_with_the_catalog_input() -> None:
+    """One rule for `get`'s input: the compiled statement's model is the catalog's."""
+    from app.catalog import METHODS
+    from app.rest.render import GET_SHAPE
+
+    read = Capacity.compile_read(GET_SHAPE)
+    assert read is not None
+    (method,) = [m for m in METHODS if m.path == "/api/compute/pools/get"]
+    assert read.input is method.input
