@@ -86,6 +86,11 @@ async def _rest_story(s: Scene, pool_id: str, to: str) -> list[Any]:
     await call("pools/unoffer", s.body(pool_id, toTenantId=to))
     await call("pools/unoffer", s.body(pool_id, toTenantId=to))
     await call("pools/unoffer", s.body(pool_id, toTenantId=to, dryRun=True))
+    # Offered again, then the writes that refresh or end every offer.
+    await call("pools/offer", s.body(pool_id, toTenantId=to, quota={"gpu": 2}))
+    await call("pools/update", s.body(pool_id, gpuModel="H200"))
+    await call("pools/archive", s.body(pool_id, dryRun=True))
+    await call("pools/archive", s.body(pool_id))
     stored = await events(s.fleet.db, pool_id)
     answers.append(masked([[e.type, e.data, sorted(e.audience)] for e in stored], names))
     return answers
