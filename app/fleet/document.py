@@ -21,7 +21,10 @@ import yaml
 import yaml.cyaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
+from yaml.parser import Parser
+from yaml.reader import Reader
 from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from app.errors import InvalidInput
 
@@ -92,34 +95,28 @@ def _too_deep(bounds: FileBounds) -> str:
     )
 
 
-def _python_events() -> type:
-    from yaml.parser import Parser
-    from yaml.reader import Reader
-    from yaml.scanner import Scanner
+class PythonEvents(Reader, Scanner, Parser):
+    """PyYAML's own scanner and parser: the events when PyYAML was built without libyaml."""
 
-    class PythonEvents(Reader, Scanner, Parser):
-        def __init__(self, stream: str) -> None:
-            Reader.__init__(self, stream)
-            Scanner.__init__(self)
-            Parser.__init__(self)
-
-    return PythonEvents
+    def __init__(self, stream: str) -> None:
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
 
 
 # The events come from libyaml when PyYAML has it (its wheels do): several times faster
-# than PyYAML's own scanner, and just as lazy. The composer above it is PyYAML's, so its
+# than PyYAML's own scanner, and just as lazy. The composer above them is PyYAML's, so its
 # node graph (and what is constructed from it) is safe_load's.
-_Events: Any = yaml.cyaml.CParser if yaml.__with_libyaml__ else _python_events()  # type: ignore[attr-defined]
+EVENT_SOURCES: tuple[type, ...] = (
+    (yaml.cyaml.CParser, PythonEvents) if yaml.__with_libyaml__ else (PythonEvents,)  # type: ignore[attr-defined]
+)
 
 
-class _BoundedLoader(Composer, _Events, SafeConstructor, Resolver):  # type: ignore[misc]
-    """safe_load's loader, whose composer counts depth and alias expansion as it goes."""
+class _BoundedComposer(Composer):
+    """safe_load's composer, counting depth and alias expansion as it goes."""
 
-    def __init__(self, text: str, source: str, bounds: FileBounds) -> None:
-        _Events.__init__(self, text)
+    def __init__(self, source: str, bounds: FileBounds) -> None:
         Composer.__init__(self)
-        SafeConstructor.__init__(self)
-        Resolver.__init__(self)
         self.source = source
         self.bounds = bounds
         self.depth = 0
@@ -132,7 +129,7 @@ class _BoundedLoader(Composer, _Events, SafeConstructor, Resolver):  # type: ign
         return refused(self.source, mark.line + 1, mark.column + 1, message)
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event: Any = self.peek_event()
+        event: Any = self.peek_event()  # type: ignore[attr-defined]
         mark = event.start_mark
         if isinstance(event, yaml.AliasEvent):
             target = self.anchors.get(event.anchor)
@@ -176,9 +173,25 @@ class _BoundedLoader(Composer, _Events, SafeConstructor, Resolver):  # type: ign
         return 1 + sum(s[0] for s in shapes), 1 + max((s[1] for s in shapes), default=0)
 
 
-def load_yaml(text: str, source: str, bounds: FileBounds) -> object:
+def _loader(events: Any) -> type:
+    class BoundedLoader(_BoundedComposer, events, SafeConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, text: str, source: str, bounds: FileBounds) -> None:
+            events.__init__(self, text)
+            _BoundedComposer.__init__(self, source, bounds)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    return BoundedLoader
+
+
+_LOADERS = {events: _loader(events) for events in EVENT_SOURCES}
+
+
+def load_yaml(
+    text: str, source: str, bounds: FileBounds, events: type = EVENT_SOURCES[0]
+) -> object:
     """`yaml.safe_load` with the composer bounded (see the module's docstring)."""
-    loader = _BoundedLoader(text, source, bounds)
+    loader = _LOADERS[events](text, source, bounds)
     try:
         return loader.get_single_data()
     finally:

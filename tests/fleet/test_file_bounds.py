@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import InvalidInput
-from app.fleet.document import FileBounds
+from app.fleet.document import EVENT_SOURCES, FileBounds, load_yaml
 from app.fleet.schema import read_fleet
 from tests.test_cli import BIN, out, run
 from tests.test_cli_fleet import FLEET
@@ -119,3 +119,17 @@ def test_the_place_and_the_cycle(tmp_path: Path) -> None:
     # Bytes are counted, not characters.
     with pytest.raises(InvalidInput, match="larger than 8 bytes"):
         read_fleet("a: ééééé", "utf8.yaml", FileBounds(max_bytes=8))
+
+
+@pytest.mark.parametrize("events", EVENT_SOURCES, ids=lambda e: e.__name__)
+def test_both_event_sources_compose_alike(events: type) -> None:
+    """libyaml's events and PyYAML's own (used where PyYAML has no libyaml) give safe_load's
+    document, and meet the bounds at the same place."""
+    import yaml
+
+    bounds = FileBounds()
+    assert load_yaml(FLEET, "fleet.yaml", bounds, events) == yaml.safe_load(FLEET)
+    for name in ("deep-block.yaml", "aliases.yaml", "laughs.yaml"):
+        with pytest.raises(InvalidInput) as raised:
+            load_yaml(ATTACKS[name](), name, bounds, events)
+        assert REFUSED[name] in raised.value.message, (name, raised.value.message)
