@@ -34,3 +34,20 @@ async def test_each_answer_carries_the_headers(
         assert "script-src 'self'" in csp
     else:
         assert "script-src" not in csp  # nothing runs
+
+
+def test_graphiqls_policy_names_its_inline_script_and_the_cdn_only_when_used() -> None:
+    import base64
+    import hashlib
+    import re
+
+    from strawberry.http.ides import get_graphql_ide_html
+
+    from schema.graphiql import ASSETS, CDN, graphiql_csp
+
+    html = get_graphql_ide_html(graphql_ide="graphiql")
+    (script,) = re.findall(r"<script>(.*?)</script>", html, re.DOTALL)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    on_cdn, local = graphiql_csp(html), graphiql_csp(html.replace(CDN, ASSETS))
+    assert f"'sha256-{digest}'" in on_cdn and f"'sha256-{digest}'" in local
+    assert "https://unpkg.com" in on_cdn and "unpkg" not in local
