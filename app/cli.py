@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from app.config import Settings
     from app.db.engine import Database
     from app.db.inventory_rows import InventoryRows
+    from app.fleet.schema import FleetFile
 
 # A command that checks and adds inventory rows through the domain (app/db/inventory_rows.py):
 # on an embedded file at head it runs on the stdlib's sqlite3, elsewhere in a unit of work.
@@ -101,21 +102,33 @@ async def _demo(db: Database, a: argparse.Namespace) -> dict[str, Any]:
     return await seed(db, base_url(a.host, a.port))
 
 
-def _read_file(path: str) -> str:
+def _read_file(path: str, max_bytes: int) -> bytes:
+    """At most one byte past the bound: enough to tell that a file is too large."""
     if path == "-":
-        return sys.stdin.read()
+        return sys.stdin.buffer.read(max_bytes + 1)
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        with open(path, "rb") as file:
+            return file.read(max_bytes + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror}", field="file") from None
 
 
-async def _apply(db: Database, a: argparse.Namespace) -> dict[str, Any]:
-    from app.fleet.apply import apply_fleet
+def _read_fleet(path: str, settings: Settings) -> FleetFile:
+    from app.fleet.document import FileBounds
     from app.fleet.schema import read_fleet
 
-    return await apply_fleet(db, read_fleet(a.text, a.file), dry_run=a.dry_run, prune=a.prune)
+    bounds = FileBounds(
+        settings.fleet_file_max_bytes,
+        settings.fleet_file_max_depth,
+        settings.fleet_file_max_alias_nodes,
+    )
+    return read_fleet(_read_file(path, bounds.max_bytes), path, bounds)
+
+
+async def _apply(db: Database, a: argparse.Namespace) -> dict[str, Any]:
+    from app.fleet.apply import apply_fleet
+
+    return await apply_fleet(db, a.fleet, dry_run=a.dry_run, prune=a.prune)
 
 
 async def _export(db: Database, _: argparse.Namespace) -> dict[str, Any]:
@@ -407,7 +420,9 @@ def _with_database(args: argparse.Namespace, settings: Settings) -> dict[str, An
 
         return {"revision": asyncio.run(upgrade(settings.database_url))}
     if args.command == "apply":
-        args.text = _read_file(args.file)  # before the database, so stdin is read once
+        # Read and checked before the database is opened: stdin is read once, and a file
+        # past a bound (app/fleet/document.py) is refused having touched nothing.
+        args.fleet = _read_fleet(args.file, settings)
     if _read_only(args) and is_embedded(settings.database_url):
         return _read_embedded(args, settings)
     return asyncio.run(_run(args, settings))

@@ -173,6 +173,18 @@ class Settings(BaseSettings):
         "", "where `scripts/web-assets` put GraphiQL's assets (empty: web/node_modules)"
     )
 
+    # Fleet files (`bettercompute apply -f`, app/fleet/document.py): refused past these
+    # with INVALID_INPUT naming the line and column, before or while they are parsed.
+    fleet_file_max_bytes: int = setting(1_048_576, "fleet files: the largest, in bytes")
+    fleet_file_max_depth: int = setting(
+        32, "fleet files: mappings and lists nested inside one another, at most"
+    )
+    fleet_file_max_alias_nodes: int = setting(
+        10_000,
+        "fleet files: YAML nodes the aliases may repeat, all together (an alias counts "
+        "every node of what it names)",
+    )
+
     readiness_relay_lag_s: float = setting(
         10.0,
         "/readyz: how long the event relay may stay behind the newest committed event",

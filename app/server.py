@@ -32,6 +32,7 @@ from app.observe import Observe
 from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
 from app.rest.routes import routes
+from app.security_headers import PAGE_BASE, SecurityHeaders
 from schema.app import build_schema
 from schema.graphiql import assets_endpoint
 from schema.view import GraphQLView
@@ -44,9 +45,19 @@ async def healthz(_: Request) -> Response:
 CONSOLE_DIR = Path(__file__).resolve().parent / "console"
 
 
+# The console loads its script and styles from /console/static and talks to /graphql
+# (fetch and the websocket) on this origin; nothing inline, nothing else.
+CONSOLE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    f"img-src 'self'; {PAGE_BASE}; form-action 'none'"
+)
+
+
 async def console_page(_: Request) -> Response:
     """The live console (app/console/): static HTML and JavaScript, no build step."""
-    return FileResponse(CONSOLE_DIR / "index.html")
+    return FileResponse(
+        CONSOLE_DIR / "index.html", headers={"content-security-policy": CONSOLE_CSP}
+    )
 
 
 async def _unhandled(_: Request, exc: Exception) -> Response:
@@ -123,6 +134,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     middleware = [
         # Outermost: request ids, metrics and logs see every answer.
         Middleware(Observe, max_operations=settings.metrics_max_operations),
+        Middleware(SecurityHeaders),  # nosniff, no framing, a CSP (app/security_headers.py)
         Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
     ]
     if settings.allowed_origins:

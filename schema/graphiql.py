@@ -6,10 +6,13 @@ beside them: `/assets/<package>@<version>/LICENSE`."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -36,6 +39,40 @@ def graphiql_html(assets_dir: str) -> str:
         return html.replace(CDN, ASSETS)
     logger.warning("GraphiQL's assets are not installed under %s: its page uses the CDN", root)
     return html
+
+
+@dataclass(frozen=True, slots=True)
+class GraphiQLPage:
+    html: str
+    headers: Mapping[str, str]
+
+
+def graphiql_page(assets_dir: str) -> GraphiQLPage:
+    """The page and its Content-Security-Policy."""
+    html = graphiql_html(assets_dir)
+    return GraphiQLPage(html, {"content-security-policy": graphiql_csp(html)})
+
+
+# The page's own inline script and style (strawberry's, byte for byte): allowed by hash.
+_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def graphiql_csp(html: str) -> str:
+    """Only what the page loads: its pinned scripts and styles from /assets/ (or the CDN,
+    when they are not installed), its inline script and style by their SHA-256, images
+    and fonts inlined as data: URLs (the icon, GraphiQL's stylesheet), and requests and
+    the websocket to this origin."""
+    inline: dict[str, list[str]] = {"script": [], "style": []}
+    for tag, body in _INLINE.findall(html):
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        inline[tag].append(f"'sha256-{digest}'")
+    origins = " ".join(["'self'", *([CDN.rstrip("/")] if CDN in html else [])])
+    return (
+        f"default-src 'none'; script-src {origins} {' '.join(inline['script'])}; "
+        f"style-src {origins} {' '.join(inline['style'])}; img-src 'self' data:; "
+        f"font-src {origins} data:; connect-src 'self'; "
+        "base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
+    )
 
 
 def _root(assets_dir: str) -> Path:

@@ -44,7 +44,7 @@ from app.rate_limit import RateLimiter
 from schema.compiled_reads import CompiledReads
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
-from schema.graphiql import graphiql_html
+from schema.graphiql import graphiql_page
 from schema.http_media import (
     GRAPHQL_RESPONSE_JSON,
     is_request_error,
@@ -92,7 +92,7 @@ class GraphQLView(GraphQL[Context, None]):
             else None
         )
         self.persisted = PersistedQueries(settings.persisted_queries, manifest)
-        self._graphiql_html = graphiql_html(settings.web_assets_dir) if settings.graphiql else ""
+        self._graphiql = graphiql_page(settings.web_assets_dir) if settings.graphiql else None
         if not our_websocket_handlers:  # strawberry changed what they override (app/compat.py)
             self.graphql_transport_ws_handler_class = BaseGraphQLTransportWSHandler
             self.graphql_ws_handler_class = BaseGraphQLWSHandler
@@ -319,7 +319,8 @@ class GraphQLView(GraphQL[Context, None]):
     async def render_graphql_ide(self, request: Request) -> Response:
         # GraphiQL with its assets served by this service (schema/graphiql.py): the
         # page works with no internet access.
-        return HTMLResponse(self._graphiql_html)
+        assert self._graphiql is not None  # rendered only when GraphiQL is on
+        return HTMLResponse(self._graphiql.html, headers=self._graphiql.headers)
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> ExecutionResult:
         try:

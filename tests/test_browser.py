@@ -100,9 +100,27 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
+# Playwright's init scripts run outside the page's Content-Security-Policy: this one keeps
+# every violation the policy reports, for the tests to read.
+RECORD_CSP_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.effectiveDirective} blocked ${e.blockedURI || "inline"} (${e.sourceFile}:${e.lineNumber})`));
+"""
+
+
+def csp_violations(page: Any, console: list[str]) -> list[str]:
+    """What the page's policy refused: as reported to the page, and as logged."""
+    reported: list[str] = page.evaluate("() => window.__cspViolations")
+    logged = [line for line in console if "Content Security Policy" in line]
+    return reported + logged
+
+
 def offline_page(browser: Any, base: str) -> tuple[Any, list[str]]:
-    """A page that may reach only the server under test; what else it asked for is kept."""
+    """A page that may reach only the server under test; what else it asked for is kept.
+    The page's console lines are kept in `page.console_lines`."""
     context = browser.new_context(viewport={"width": 1400, "height": 800})
+    context.add_init_script(RECORD_CSP_VIOLATIONS)
     blocked: list[str] = []
 
     def route(route: Any) -> None:
@@ -113,7 +131,10 @@ def offline_page(browser: Any, base: str) -> tuple[Any, list[str]]:
             route.abort()
 
     context.route("**/*", route)
-    return context.new_page(), blocked
+    page = context.new_page()
+    page.console_lines = []
+    page.on("console", lambda message: page.console_lines.append(message.text))
+    return page, blocked
 
 
 def test_console_shows_the_pools_and_follows_a_rest_update_live(
@@ -147,6 +168,7 @@ def test_console_shows_the_pools_and_follows_a_rest_update_live(
     print(f"console: update on the page {latency:.3f} s after REST answered; screenshot {shot}")
     assert latency < 1.0
     assert blocked == []
+    assert csp_violations(page, page.console_lines) == []
 
 
 def test_graphiql_renders_with_no_internet_access(
@@ -164,6 +186,7 @@ def test_graphiql_renders_with_no_internet_access(
     page.screenshot(path=str(shot))
     print(f"graphiql: screenshot {shot}")
     assert blocked == [] and errors == [], (blocked, errors)
+    assert csp_violations(page, page.console_lines) == []
     licence = httpx.get(f"{base}/assets/graphiql@3.8.3/LICENSE")
     assert licence.status_code == 200 and "MIT" in licence.text
     # The page names no CDN: every script and stylesheet is under /assets/.
@@ -195,6 +218,48 @@ def test_graphiql_runs_a_subscription_with_its_headers_pane(
         update_gpu_model(base, token, pool_id, f"A100-{n}")
         page.wait_for_timeout(300)
     assert pool_id in result.inner_text() and blocked == []
+    assert csp_violations(page, page.console_lines) == []  # the websocket is 'self'
+
+
+def test_graphiql_runs_a_query_under_its_content_security_policy(
+    demo: tuple[str, dict[str, Any]], browser: Any
+) -> None:
+    base, seeded = demo
+    token = seeded["tokens"]["acme-admin"]
+    page, blocked = offline_page(browser, base)
+    query = '{ pools(tenantId: "acme") { nodes { id gpuModel } } }'
+    headers = json.dumps({"Authorization": f"Bearer {token}"})
+    page.goto(f"{base}/graphql?{urlencode({'q': query, 'headers': headers}, quote_via=quote)}")
+    page.click(".graphiql-execute-button", timeout=15_000)
+    page.wait_for_function(
+        "id => document.querySelector('.graphiql-response').innerText.includes(id)",
+        arg=seeded["pools"]["h100"],
+        timeout=15_000,
+    )
+    assert blocked == []
+    assert csp_violations(page, page.console_lines) == []
+
+
+def test_the_pages_send_their_security_headers(demo: tuple[str, dict[str, Any]]) -> None:
+    """Each page its own policy (nothing inline unhashed, nothing from elsewhere, never
+    framed); every other answer, JSON included, nosniff and a policy that allows nothing."""
+    base, _ = demo
+    pages = {
+        "console": httpx.get(f"{base}/console"),
+        "graphiql": httpx.get(f"{base}/graphql", headers={"accept": "text/html"}),
+    }
+    for name, page in pages.items():
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        csp = page.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, name
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp, name
+        assert page.headers["x-frame-options"] == "DENY", name
+        assert page.headers["x-content-type-options"] == "nosniff", name
+    assert "script-src 'self' 'sha256-" in pages["graphiql"].headers["content-security-policy"]
+    api = httpx.post(f"{base}/api/compute/pools/list", json={"tenantId": "acme"})
+    assert api.status_code == 401
+    assert api.headers["x-content-type-options"] == "nosniff"
+    assert api.headers["content-security-policy"].startswith("default-src 'none'")
 
 
 def test_console_reconnects_and_resumes_after_the_last_cursor(

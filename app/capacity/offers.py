@@ -144,8 +144,14 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         ).scalars()
     }
     await _check_offer_bounds(session, pool.id, inp, new_offer=offer is None, rows=set(rows))
-    if await session.get(Tenant, inp.to_tenant_id) is None:
+    target_exists = await session.get(Tenant, inp.to_tenant_id) is not None
+    if not target_exists and principal.is_fleet_admin:
+        # A fleet admin may act for any tenant, so it learns which exist from tenantId
+        # anyway: it is told, which catches a typo in a fleet file.
         raise NotFound(f"tenant {inp.to_tenant_id} not found", field="toTenantId")
+    # Anyone else cannot see other tenants, and the seed has it offer to them: an offer to
+    # a missing tenant is taken and answered as one to a real tenant, and stays inert (no
+    # caller acts for a missing tenant) unless a tenant of that id is made (ADR 0001).
 
     before = (
         None
@@ -205,7 +211,10 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     )
     await session.flush()
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
-    seen_by = Actor(principal, inp.to_tenant_id, await load_lineage(session, inp.to_tenant_id))
+    lineage = (
+        await load_lineage(session, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
+    )
+    seen_by = Actor(principal, inp.to_tenant_id, lineage)
     return await pool_detail(session, seen_by, pool.id)
 
 

@@ -135,9 +135,13 @@ class Pool(Base):
 
 
 class Offer(Base):
+    """`tenant_id` names a tenant id with no foreign key (migration 0006): an offer to an id
+    no tenant holds is stored like any other, so the answer tells no tenant's admin which
+    ids exist; it stays inert until a tenant of that id exists (docs/decisions/0001)."""
+
     __tablename__ = "offers"
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True, index=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True, index=True)
     include_descendants: Mapped[bool] = mapped_column(Boolean, default=False)
     priority: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -148,7 +152,7 @@ class QuotaRow(Base):
 
     __tablename__ = "quota_rows"
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # as Offer's
     resource: Mapped[str] = mapped_column(String(64), primary_key=True)
     max: Mapped[int] = mapped_column(BigInteger)
     used: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -196,7 +200,7 @@ class AuthzRow(Base):
     """The IAM projection: one row per (tenant, pool) for every tenant holding an offer."""
 
     __tablename__ = "authz_rows"
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # as Offer's
     # Indexed: every pool read asks which tenants hold an offer of a pool (migration 0005).
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id"), primary_key=True, index=True)
     gpu_model: Mapped[str | None] = mapped_column(String(32))

@@ -9,7 +9,7 @@ that stands for their generated id (ADR 0005).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -32,6 +32,9 @@ from app.capacity.inputs import (
 )
 from app.capacity.nodes import MAX_NODE_GPUS
 from app.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from app.fleet.document import FileBounds
 
 # Letters, digits and ._:- like a tenant id, plus `_` so an id (`site_…`) is a valid name.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
@@ -201,20 +204,35 @@ def parse_fleet(document: object) -> FleetFile:
     return fleet
 
 
-def read_fleet(text: str, source: str) -> FleetFile:
-    """Decode YAML (JSON is YAML too; `.json` files take the faster JSON parser)."""
+def read_fleet(data: bytes | str, source: str, bounds: FileBounds | None = None) -> FleetFile:
+    """Decode YAML (JSON is YAML too; `.json` files take the faster JSON parser), within
+    the file bounds (app/fleet/document.py) before and while it is parsed."""
+    from app.fleet import document  # only apply and export need YAML
+
+    bounds = bounds or document.FileBounds()
+    text = document.decode_text(data, source, bounds)
     if Path(source).suffix == ".json":
         import orjson
 
+        document.check_json_depth(text, source, bounds)
         try:
-            document: object = orjson.loads(text)
+            decoded: object = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"{source}: not valid JSON: {exc}") from None
+            message = f"not valid JSON: {exc.msg}"
+            raise document.refused(source, exc.lineno, exc.colno, message) from None
     else:
-        import yaml  # only apply and export need it
+        import yaml
 
         try:
-            document = yaml.safe_load(text)
+            decoded = document.load_yaml(text, source, bounds)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            problem = " ".join(p for p in (exc.context, exc.problem) if p)
+            if mark is None:
+                raise InvalidInput(f"{source}: not valid YAML: {problem}") from None
+            raise document.refused(
+                source, mark.line + 1, mark.column + 1, f"not valid YAML: {problem}"
+            ) from None
         except yaml.YAMLError as exc:
             raise InvalidInput(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
-    return parse_fleet(document)
+    return parse_fleet(decoded)
