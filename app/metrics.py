@@ -96,6 +96,12 @@ RATE_LIMITED = Counter(
     "Requests refused by the per-caller budget, by what ran out (requests, cost)",
     ["budget"],
 )
+RATE_LIMITS_ENFORCED = Gauge(
+    "bettercompute_rate_limits_enforced",
+    "1 while the rate limits are enforced; 0 while their store (Redis) does not answer and "
+    "requests pass unlimited (per process; min across processes)",
+    multiprocess_mode="livemin",
+)
 
 
 def observe_request(transport: str, operation: str, duration_s: float, codes: list[str]) -> None:
