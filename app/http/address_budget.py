@@ -26,7 +26,9 @@ from collections.abc import Iterable
 
 from starlette.requests import HTTPConnection
 
+from app import metrics
 from app.errors import ResourceExhausted
+from app.observe import request_info
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Tokens that authenticated lately, for which the allowance is not consulted.
@@ -43,6 +45,10 @@ class AddressLimited(ResourceExhausted):
             retryAfterSeconds=retry_after_s,
         )
         self.retry_after_s = retry_after_s
+        info = request_info()
+        if info is not None:
+            info.headers["retry-after"] = str(retry_after_s)
+        metrics.RATE_LIMITED.labels("unauthenticated").inc()
 
 
 def trusted_networks(entries: Iterable[str]) -> tuple[IPNetwork, ...]:
