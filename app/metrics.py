@@ -93,7 +93,8 @@ DB_STATEMENTS = Counter(
 )
 RATE_LIMITED = Counter(
     "bettercompute_rate_limited_total",
-    "Requests refused by the per-caller budget, by what ran out (requests, cost)",
+    "Requests refused by a budget, by what ran out (requests, cost: the caller's; "
+    "unauthenticated: a client address's, for requests without a valid token)",
     ["budget"],
 )
 RATE_LIMITS_ENFORCED = Gauge(

@@ -8,8 +8,10 @@
   socket closes with 4403 as on the newer protocol (strawberry would use 1011); no
   connection_init in time closes with 4408 and a second one with 4429, as there.
 
-On both, every operation checks the token again: a token revoked since connection_init
-gets UNAUTHENTICATED for the operation and the socket closes with 4403; sockets that only
+On both, every operation goes through admission again (app/http/admission.py): a token
+revoked since connection_init gets UNAUTHENTICATED for the operation and the socket closes
+with 4403; a caller whose request budget is spent (over any transport) gets an `error`
+with RESOURCE_EXHAUSTED for the operation, and the socket stays open; sockets that only
 stream are closed (4403) by the process's revocation watcher (app/iam/revocations.py).
 A message of a shape its protocol does not define closes graphql-transport-ws with 4400
 (as the protocol says); legacy graphql-ws answers it with an `error` message, as its

@@ -103,3 +103,27 @@ async def test_operations_over_websockets_spend_the_budget_http_requests_spend(
         refused = await api.post(token, "pools/get", scene.body(new_id("pool")))
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+
+
+@pytest.mark.parametrize("protocol", BOTH)
+async def test_the_cost_budget_spent_over_http_refuses_websocket_operations(
+    database_url: str, fleet: Fleet, protocol: str
+) -> None:
+    settings = Settings(database_url=database_url, rate_limit_cost=20)
+    async with served(settings) as (_, address), http_api(address) as api:
+        await Scene.start(api, fleet)
+        token = await fleet.caller("acme", "viewer")
+        headers = {"authorization": f"Bearer {token}"}
+        statuses: list[int] = []
+        while not statuses or statuses[-1] != 429:
+            assert len(statuses) < 25, statuses
+            response = await api.client.post("/graphql", json={"query": POOLS}, headers=headers)
+            statuses.append(response.status_code)
+        async with connect(f"ws://{address}/graphql", subprotocols=[protocol]) as ws:
+            await send(ws, init(token))
+            assert (await receive(ws))["type"] == "connection_ack"
+            await send(ws, operation(protocol, "q", POOLS))
+            error = refusal(protocol, await answer(ws, "q"))
+            assert error["extensions"]["code"] == "RESOURCE_EXHAUSTED", error
+            assert error["extensions"]["budget"] == "cost"
+            await still_open(ws, protocol)
