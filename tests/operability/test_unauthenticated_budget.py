@@ -12,11 +12,14 @@ from typing import Any
 import httpx
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
+from websockets.asyncio.client import connect
 
 from app.config import Settings
 from app.http.admission import Admission
 from app.ids import new_id
 from app.server import create_app
+from tests.events.conftest import served
+from tests.events.test_protocol_edges import LEGACY_WS, init, receive, send
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -156,3 +159,19 @@ async def test_a_new_token_from_a_spent_address_waits_but_costs_no_lookup(
         assert refused.json()["error"]["details"]["budget"] == "unauthenticated"
         async with client_at(app, "192.0.2.21") as elsewhere:
             assert (await get(elsewhere, f"Bearer {token}")).status_code == 404
+
+
+async def test_websocket_connections_with_bad_tokens_spend_the_allowance(
+    database_url: str,
+) -> None:
+    """graphql-ws tells why in its connection_error (graphql-transport-ws closes 4403)."""
+    settings = Settings(database_url=database_url, unauthenticated_burst=2)
+    async with served(settings) as (_, address):
+        codes = []
+        for _ in range(3):
+            async with connect(f"ws://{address}/graphql", subprotocols=[LEGACY_WS]) as ws:
+                await send(ws, init("bct_" + "x" * 43))
+                message = await receive(ws)
+                assert message["type"] == "connection_error", message
+                codes.append(message["payload"]["extensions"]["code"])
+        assert codes == ["UNAUTHENTICATED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED"]
