@@ -9,6 +9,7 @@ README's configuration table is generated from this class (scripts/settings-tabl
 
 from __future__ import annotations
 
+import ipaddress
 from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
@@ -216,12 +217,44 @@ class Settings(BaseSettings):
         "where budgets are counted: `memory://` (per process) or `redis://host:6379/0` "
         "(shared); empty: the broadcast URL when it is Redis, otherwise memory",
     )
+    rate_limit_store_timeout_s: float = setting(
+        0.05,
+        "how long a request waits for the rate-limit store (Redis); past it the limits are off "
+        "(requests pass; `/readyz` says `rateLimits: \"off\"`) until the store answers again",
+        env="RATE_LIMIT_STORE_TIMEOUT_SECONDS",
+    )
+    # Requests without a valid token, per client address (app/http/address_budget.py).
+    unauthenticated_burst: int = setting(
+        50,
+        "requests with no, a malformed or an unknown token each client address (IPv6: its "
+        "/64) may make at once before 429, per process; 0: no limit",
+    )
+    unauthenticated_per_s: float = setting(
+        0.5,
+        "how many of those each address is allowed again per second",
+        env="UNAUTHENTICATED_PER_SECOND",
+    )
+    unauthenticated_max_addresses: int = setting(
+        10_000, "client addresses remembered for that allowance (least recently seen dropped)"
+    )
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = setting(
+        (),
+        "comma-separated addresses or networks (`10.0.0.0/8`) of proxies whose "
+        "`X-Forwarded-For` names the client; empty: the peer address is the client",
+    )
 
-    @field_validator("allowed_origins", mode="before")
+    @field_validator("allowed_origins", "trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(o.strip() for o in value.split(",") if o.strip())
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            ipaddress.ip_network(entry, strict=False)  # ValueError names a bad one
         return value
 
     @classmethod

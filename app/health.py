@@ -1,7 +1,9 @@
 """Readiness: can this process serve requests now? `/readyz` checks what a request needs
 (the database answers a trivial query within a short bound, the event broker is
 connected, the event relay has caught up with the newest committed event within
-`readiness_relay_lag_s`) and says which check failed, nothing more. Liveness is `/livez`
+`readiness_relay_lag_s`) and says which check failed, nothing more; and whether the rate
+limits are enforced (`rateLimits`: "off" while their store is silent, which does not make
+the process unready). Liveness is `/livez`
 (`/healthz` is its older name), which checks nothing outside the process, so an
 orchestrator restarts a process only when it is itself stuck, and only routes traffic
 away while a dependency is down."""
@@ -20,6 +22,7 @@ from app.db.errors import RETRY_AFTER_S
 from app.events.bus import EventBus
 from app.events.relay import Relay
 from app.http.responses import JSONResponse
+from app.rate_limit import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +94,10 @@ async def readyz(request: Request) -> Response:
         "relay": relay_check(state.relay, state.settings.readiness_relay_lag_s),
     }
     ready = all(check == "ok" for check in checks.values())
+    # Not a check: a silent rate-limit store lets requests through (app/rate_limit.py).
+    limiter: RateLimiter = state.rate_limiter
     return JSONResponse(
-        {"ready": ready, "checks": checks},
+        {"ready": ready, "checks": checks, "rateLimits": "on" if limiter.enforced else "off"},
         status_code=200 if ready else 503,
         headers=None if ready else {"retry-after": str(RETRY_AFTER_S)},
     )

@@ -116,8 +116,15 @@ DB_STATEMENTS = Counter(
 )
 RATE_LIMITED = Counter(
     "bettercompute_rate_limited_total",
-    "Requests refused by the per-caller budget, by what ran out (requests, cost)",
+    "Requests refused by a budget, by what ran out (requests, cost: the caller's; "
+    "unauthenticated: a client address's, for requests without a valid token)",
     ["budget"],
+)
+RATE_LIMITS_ENFORCED = Gauge(
+    "bettercompute_rate_limits_enforced",
+    "1 while the rate limits are enforced; 0 while their store (Redis) does not answer and "
+    "requests pass unlimited (per process; min across processes)",
+    multiprocess_mode="livemin",
 )
 
 

@@ -4,11 +4,15 @@ the `limits` library in Redis when the service has one (shared by every process)
 memory. Each answer carries GitHub-style `X-RateLimit-*` headers; a refusal is HTTP 429
 with `Retry-After`. Off unless configured (BETTERCOMPUTE_RATE_LIMIT_*).
 
-A Redis that does not answer lets requests through (logged): the budget protects the
-service, it must not take it down with the broker."""
+A Redis that does not answer within `RATE_LIMIT_STORE_TIMEOUT_SECONDS` (tens of
+milliseconds) lets the request through (logged): the budget protects the service, it must
+not take it down with the broker. The budgets are then off (`enforced` is false: `/readyz`
+says `rateLimits: "off"`, the `bettercompute_rate_limits_enforced` gauge is 0) and no
+request waits for the store until a probe, once a second, finds it answering again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -37,8 +41,8 @@ class RateLimited(ResourceExhausted):
         self.retry_after_s = retry_after_s
 
 
-# A Redis that stalls costs a request at most this long before it is let through.
-REDIS_TIMEOUT_S = 1.0
+# While the store is off, how often it is asked whether it answers again.
+PROBE_INTERVAL_S = 1.0
 
 
 def _storage(settings: Settings) -> tuple[Storage, ConnectionPool | None]:
@@ -47,9 +51,8 @@ def _storage(settings: Settings) -> tuple[Storage, ConnectionPool | None]:
         url = settings.broadcast_url
     if url.startswith(("redis://", "rediss://")):
         # Our own pool: bounded waits, and closed with the app (limits has no close).
-        pool = ConnectionPool.from_url(
-            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-        )
+        timeout = settings.rate_limit_store_timeout_s
+        pool = ConnectionPool.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         storage = RedisStorage(
             f"async+{url}",
             implementation="redispy",
@@ -74,14 +77,45 @@ class RateLimiter:
         )
         self.enabled = self.requests is not None or self.cost is not None
         self._limiter: FixedWindowRateLimiter | None = None
+        self._storage: Storage | None = None
         self._pool: ConnectionPool | None = None
+        self._timeout_s = settings.rate_limit_store_timeout_s
+        self._probe: asyncio.Task[None] | None = None
+        self.enforced = True
+        metrics.RATE_LIMITS_ENFORCED.set(1)
         if self.enabled:
-            storage, self._pool = _storage(settings)
-            self._limiter = FixedWindowRateLimiter(storage)
+            self._storage, self._pool = _storage(settings)
+            self._limiter = FixedWindowRateLimiter(self._storage)
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         if self._pool is not None:
             await self._pool.aclose()
+
+    def _store_silent(self, exc: BaseException) -> None:
+        """Off until the store answers a probe; one probe task at a time."""
+        if self.enforced:
+            log.warning("rate limit store unavailable, not limiting: %s", type(exc).__name__)
+        self.enforced = False
+        metrics.RATE_LIMITS_ENFORCED.set(0)
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._probe_until_answered())
+
+    async def _probe_until_answered(self) -> None:
+        assert self._storage is not None
+        while not self.enforced:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    answered = await self._storage.check()
+            except Exception:  # still silent (or refusing): stay off
+                answered = False
+            if answered:
+                log.warning("rate limit store answers again, limiting")
+                self.enforced = True
+                metrics.RATE_LIMITS_ENFORCED.set(1)
 
     async def charge_request(self, caller_id: str, info: RequestInfo | None) -> None:
         """One request of `caller_id`; RateLimited when its budget is spent."""
@@ -97,11 +131,14 @@ class RateLimiter:
         self, item: RateLimitItem, budget: str, caller_id: str, cost: int, info: RequestInfo | None
     ) -> None:
         assert self._limiter is not None
+        if not self.enforced:
+            return  # the store is silent: no request waits for it (a probe watches it)
         try:
-            allowed = await self._limiter.hit(item, budget, caller_id, cost=cost)
-            stats = await self._limiter.get_window_stats(item, budget, caller_id)
+            async with asyncio.timeout(self._timeout_s):  # both round trips, one bound
+                allowed = await self._limiter.hit(item, budget, caller_id, cost=cost)
+                stats = await self._limiter.get_window_stats(item, budget, caller_id)
         except Exception as exc:
-            log.warning("rate limit store unavailable, not limiting: %s", type(exc).__name__)
+            self._store_silent(exc)
             return
         reset = math.ceil(stats.reset_time)
         if info is not None:

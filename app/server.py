@@ -24,6 +24,7 @@ from app.db.engine import create_database
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import livez, readyz
+from app.http.admission import Admission
 from app.http.body_limit import BodyLimit
 from app.http.responses import JSONResponse
 from app.iam.revocations import RevocationWatcher
@@ -108,6 +109,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.relay = relay
         app.state.revocations = revocations
         app.state.rate_limiter = limiter = RateLimiter(settings)
+        # The admission of every request and websocket operation (app/http/admission.py).
+        app.state.admission = Admission(settings, limiter)
         app.state.capacity = Capacity(db, bus.notify, relay=relay)
         tune_gc()
         try:

@@ -34,13 +34,11 @@ from app.compat import graphql_core_schema
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
 from app.errors import DomainError
+from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
 from app.http.status import http_status, request_failure
-from app.iam.callers import bearer_token_hash
-from app.iam.principal import Principal
 from app.metrics import COMPILED_READS
 from app.observe import record_code, request_info
-from app.rate_limit import RateLimiter
 from schema.compiled_reads import CompiledReads
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
@@ -122,41 +120,21 @@ class GraphQLView(GraphQL[Context, None]):
             return
         context = self._context(request, None)
         _http_context.set(context)
-        capacity: Capacity = request.app.state.capacity
-        # A caller this process has seen may be answered by a compiled read, whose one
-        # statement checks the token again (schema/compiled_reads.py); any other request
-        # is authenticated here, before the body is read or parsed (docs/decisions/0001).
-        hashed = self._compiled_token(request)
-        remembered = capacity.principals.get(hashed) if hashed is not None else None
-        if _needs_token(request):
-            refusal = await self._admit(context, remembered)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
         key: tuple[str, str | None] | None = None
         try:
-            if hashed is not None:
-                principal = remembered or await context.principal()
-                capacity.principals.put(hashed, principal)
-                unread: Exception | None = None
-                try:
-                    body: bytes | None = await request.body()
-                except Exception as exc:  # the body limit: reported once the token is checked
-                    body, unread = None, exc
-                if body is not None:
-                    key, response = await self._compiled_answer(
-                        request, context, principal, hashed, body
-                    )
+            if _needs_token(request):
+                # Authenticated here, before the body is read or parsed (docs/decisions/0001);
+                # a caller this process has seen may be answered by a compiled read, whose
+                # one statement checks the token again (schema/compiled_reads.py).
+                admitted = await self._admit(request, context)
+                if isinstance(admitted, Response):
+                    await admitted(scope, receive, send)
+                    return
+                if admitted.token_hash is not None:
+                    key, response = await self._compiled(request, context, admitted)
                     if response is not None:
                         await response(scope, receive, send)
                         return
-                if remembered is not None:  # not answered: authenticate now, as usual
-                    refusal = await self._admit(context, None, charge=False)
-                    if refusal is not None:
-                        await refusal(scope, receive, send)
-                        return
-                if unread is not None:
-                    raise unread
             response = await self.run(request, context=context)
             if key is not None and _clean_run.get() and self.compiled is not None:
                 self.compiled.learn(*key)
@@ -169,53 +147,58 @@ class GraphQLView(GraphQL[Context, None]):
             response = refused_with(error, status_code=http_status(error))
         await response(scope, receive, send)
 
-    async def _admit(
-        self, context: Context, remembered: Principal | None, *, charge: bool = True
-    ) -> Response | None:
-        """Authenticate (unless the caller is `remembered`, to be checked by a compiled
-        read's statement) and charge the caller's request budget (app/rate_limit.py);
-        the refusal to send when either fails."""
+    async def _admit(self, request: Request, context: Context) -> Admitted | Response:
+        """Admission (app/http/admission.py: the token, the caller's request budget), or
+        the refusal to send."""
+        admission: Admission = request.app.state.admission
         try:
-            principal = remembered or await context.principal()
-            info = request_info()
-            if info is not None:
-                info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
-            if charge:
-                limiter: RateLimiter = context.request.app.state.rate_limiter
-                try:
-                    await limiter.charge_request(principal.caller_id, info)
-                except Exception:
-                    if remembered is not None:
-                        await context.principal()  # a bad token is told so first
-                    raise
-        except Exception as exc:  # UNAUTHENTICATED, or UNAVAILABLE (the database)
-            # The answer a resolver gave before: 200, data null, the code in errors
-            # (401 without data under application/graphql-response+json); a database
-            # out of reach is 503 with Retry-After, as every other failure.
-            error = to_domain_error(exc)
-            status = http_status(error) if error.code in _HTTP_STATUS_CODES else 200
-            return refused_with(error, status_code=status)
-        return None
+            return await admission.admit(
+                request,
+                context.authorization(),
+                context.principal,  # kept by the context for the resolvers
+                compiled=self._may_compile(request),
+            )
+        except Exception as exc:
+            return _admission_refusal(exc)
 
-    def _compiled_token(self, request: Request) -> str | None:
-        """The token's hash when this request may take the compiled read path: a POST of
-        JSON with a well-formed bearer token, no cost budget to charge per operation, a
-        store that compiles reads (PostgreSQL)."""
-        if (
-            self.compiled is None
-            or request.method != "POST"
-            or "application/json" not in request.headers.get("content-type", "")
-            or request.app.state.rate_limiter.cost is not None
-            or not request.app.state.capacity.compiles_reads
-        ):
-            return None
+    async def _compiled(
+        self, request: Request, context: Context, admitted: Admitted
+    ) -> tuple[tuple[str, str | None] | None, Response | None]:
+        """The request's (query, operationName) and, when no GraphQL need run, its
+        response: the compiled read's answer, or the refusal of a remembered caller
+        whose token is no longer good. The body's fault is raised after the token is
+        checked."""
+        admission: Admission = request.app.state.admission
+        key: tuple[str, str | None] | None = None
         try:
-            return bearer_token_hash(request.headers.get("authorization"))
-        except DomainError:
-            return None
+            await admission.read_body(request, admitted)
+        except Exception as exc:
+            return key, _admission_refusal(exc)
+        if admitted.body is not None:
+            key, response = await self._compiled_answer(request, context, admitted, admitted.body)
+            if response is not None:
+                return key, response
+        try:
+            await admitted.confirm()  # not answered: authenticate now, as usual
+        except Exception as exc:
+            return key, _admission_refusal(exc)
+        if admitted.body_error is not None:
+            raise admitted.body_error
+        return key, None
+
+    def _may_compile(self, request: Request) -> bool:
+        """Whether this request may take the compiled read path: a POST of JSON, no cost
+        budget to charge per operation, a store that compiles reads (PostgreSQL)."""
+        return (
+            self.compiled is not None
+            and request.method == "POST"
+            and "application/json" in request.headers.get("content-type", "")
+            and request.app.state.rate_limiter.cost is None
+            and request.app.state.capacity.compiles_reads
+        )
 
     async def _compiled_answer(
-        self, request: Request, context: Context, principal: Principal, hashed: str, raw: bytes
+        self, request: Request, context: Context, admitted: Admitted, raw: bytes
     ) -> tuple[tuple[str, str | None] | None, Response | None]:
         """The request's (query, operationName), and the compiled read's response when
         the plan and the domain give one. None for anything else, refusals included: the
@@ -236,7 +219,7 @@ class GraphQLView(GraphQL[Context, None]):
         ):
             return None, None  # the plain path refuses it (400)
         try:
-            query = self.persisted.resolve(body["query"], extensions, principal.tenant_id)
+            query = self.persisted.resolve(body["query"], extensions, admitted.principal.tenant_id)
         except PersistedQueryError:
             return None, None
         if query is None:
@@ -252,14 +235,17 @@ class GraphQLView(GraphQL[Context, None]):
         if prepared is None:
             return key, None
         try:
-            data = await context.capacity.read_json(principal, hashed, prepared.read, prepared.args)
+            assert admitted.token_hash is not None
+            data = await context.capacity.read_json(
+                admitted.principal, admitted.token_hash, prepared.read, prepared.args
+            )
         except Exception:  # the plain path meets the same fault and reports it
             logger.debug("compiled read failed; answering on the plain path", exc_info=True)
             _DECLINED.inc()
             return key, None
         if data is None:
             # Not answered (maybe a revoked token): the plain path authenticates anew.
-            context.capacity.principals.drop(hashed)
+            request.app.state.admission.forget(admitted)
             _DECLINED.inc()
             return key, None
         _ANSWERED.inc()
@@ -398,8 +384,12 @@ class GraphQLView(GraphQL[Context, None]):
         A bad one closes the socket with 4403 (docs/events.md); a database out of reach
         with 1013, try again later."""
         context.forget_principal()
+        admission: Admission = context.request.app.state.admission
         try:
-            await context.principal()
+            # No operation yet: the caller's request budget is charged by each one.
+            await admission.admit(
+                context.request, context.authorization(), context.principal, charge=False
+            )
         except Exception as exc:
             error = to_domain_error(exc)  # logs what it masks
             if error.code == "UNAVAILABLE":
@@ -434,6 +424,16 @@ def _rate_limited(response_data: GraphQLHTTPResponse) -> bool:
 
 # Refusals before any GraphQL ran that keep their HTTP status (others answer 200).
 _HTTP_STATUS_CODES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+
+
+def _admission_refusal(exc: Exception) -> Response:
+    """UNAUTHENTICATED, RESOURCE_EXHAUSTED (a budget) or UNAVAILABLE (the database).
+    UNAUTHENTICATED is the answer a resolver gave before: 200, data null, the code in
+    errors (401 without data under application/graphql-response+json); a database out
+    of reach is 503 with Retry-After, as every other failure."""
+    error = to_domain_error(exc)
+    status = http_status(error) if error.code in _HTTP_STATUS_CODES else 200
+    return refused_with(error, status_code=status)
 
 
 def _needs_token(request: Request) -> bool:

@@ -8,8 +8,10 @@
   socket closes with 4403 as on the newer protocol (strawberry would use 1011); no
   connection_init in time closes with 4408 and a second one with 4429, as there.
 
-On both, every operation checks the token again: a token revoked since connection_init
-gets UNAUTHENTICATED for the operation and the socket closes with 4403; sockets that only
+On both, every operation goes through admission again (app/http/admission.py): a token
+revoked since connection_init gets UNAUTHENTICATED for the operation and the socket closes
+with 4403; a caller whose request budget is spent (over any transport) gets an `error`
+with RESOURCE_EXHAUSTED for the operation, and the socket stays open; sockets that only
 stream are closed (4403) by the process's revocation watcher (app/iam/revocations.py).
 A message of a shape its protocol does not define closes graphql-transport-ws with 4400
 (as the protocol says); legacy graphql-ws answers it with an `error` message, as its
@@ -38,6 +40,7 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 
 from app.db.errors import to_domain_error
 from app.errors import DomainError, Unauthenticated
+from app.http.admission import Admission
 from app.iam.callers import bearer_token_hash
 from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
@@ -77,6 +80,11 @@ class TextFrames(ASGIWebSocketAdapter):
 
 def _coded(message: str, code: str) -> GraphQLFormattedError:
     return {"message": message, "extensions": {"code": code}}
+
+
+def _refusal(error: DomainError) -> GraphQLFormattedError:
+    """An operation's refusal, with its details (a budget's `limit`, `retryAfterSeconds`)."""
+    return {"message": error.message, "extensions": {"code": error.code, **error.details}}
 
 
 def _operation_problem(payload: object) -> str | None:
@@ -137,10 +145,14 @@ class RevocableConnection:
         await self.websocket.close(code=FORBIDDEN, reason="Forbidden: token revoked")
 
     async def _recheck_token(self) -> DomainError | None:
-        """Before each operation: None when the token is still good, else why not
-        (UNAUTHENTICATED, or UNAVAILABLE when the database cannot say)."""
+        """Before each operation, its admission (app/http/admission.py): the token checked
+        again and the caller's request budget charged, as over HTTP. None when admitted,
+        else why not (UNAUTHENTICATED; RESOURCE_EXHAUSTED, the budget; UNAVAILABLE when
+        the database cannot say)."""
+        context = self.context
+        admission: Admission = context.request.app.state.admission
         try:
-            await self.context.reauthenticate()
+            await admission.admit(context.request, context.authorization(), context.reauthenticate)
         except Exception as exc:
             return to_domain_error(exc)
         return None
@@ -202,7 +214,7 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
         if self.connection_acknowledged:
             refused = await self._recheck_token()
             if refused is not None:
-                error = _coded(refused.message, refused.code)
+                error = _refusal(refused)
                 await self.send_message(
                     transport_ws.ErrorMessage(id=message["id"], type="error", payload=[error])
                 )
@@ -321,7 +333,7 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
         if self.connection_acknowledged:
             refused = await self._recheck_token()
             if refused is not None:
-                error = _coded(refused.message, refused.code)
+                error = _refusal(refused)
                 await self.send_message(
                     legacy_ws.ErrorMessage(type="error", id=message["id"], payload=error)
                 )

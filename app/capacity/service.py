@@ -64,7 +64,6 @@ from app.db.uow import Notify, UnitOfWork
 from app.errors import DomainError, InvalidInput, NotFound, PermissionDenied
 from app.events.relay import Relay, Subscription
 from app.iam.principal import Principal
-from app.iam.principal_cache import PrincipalCache
 from app.iam.roles import POOLS_SHARE
 
 T = TypeVar("T")
@@ -81,9 +80,6 @@ class Capacity:
         self.db = db
         self._notify = notify
         self._relay = relay  # this process's event relay; only a server has one
-        # Callers seen by this process, for reads that check the token in their own
-        # statement (read_json); never trusted alone.
-        self.principals = PrincipalCache()
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)

@@ -1,4 +1,5 @@
-"""Principals by token hash, remembered for the compiled reads (app/capacity/json_reads.py).
+"""Principals by token hash, remembered for the compiled reads (app/capacity/json_reads.py);
+one per process, held by admission (app/http/admission.py).
 
 An entry is never trusted alone: the one statement of a compiled read checks, in the same
 snapshot as the data it reads, that the token is still live and the caller's role binding

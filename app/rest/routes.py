@@ -15,12 +15,12 @@ from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.views import ImpactView
 from app.catalog import METHODS, POOL_METHODS, Method
-from app.errors import DomainError, InvalidInput
+from app.errors import InvalidInput
+from app.http.admission import Admission
 from app.http.responses import JSONResponse
-from app.iam.callers import authenticate, bearer_token_hash
+from app.iam.callers import authenticate
 from app.iam.principal import Principal
 from app.metrics import COMPILED_READS
-from app.observe import request_info
 from app.rest.errors import error_response
 from app.rest.openapi import openapi_document
 from app.rest.render import GET_SHAPE, render
@@ -31,11 +31,12 @@ GET_PATH = "/api/compute/pools/get"
 
 def _endpoint(method: Method) -> Any:
     # `get` may be answered by one compiled statement that also checks the token, so a
-    # caller this process has seen is not looked up first (app/capacity/json_reads.py).
+    # caller this process has seen is not looked up first (app/http/admission.py).
     compiled = Capacity.compile_read(GET_SHAPE) if method.path == GET_PATH else None
 
     async def endpoint(request: Request) -> Response:
         capacity: Capacity = request.app.state.capacity
+        admission: Admission = request.app.state.admission
         authorization = request.headers.get("authorization")
         try:
             fast = (
@@ -43,38 +44,31 @@ def _endpoint(method: Method) -> Any:
                 and request.app.state.settings.fast_path
                 and capacity.compiles_reads
             )
-            hashed = _token_hash(authorization) if fast else None
-            remembered = capacity.principals.get(hashed) if hashed is not None else None
-            principal = remembered or await authenticate(capacity.db, authorization)
-            info = request_info()
-            if info is not None:
-                info.caller_id, info.tenant_id = principal.caller_id, principal.tenant_id
-            try:
-                await request.app.state.rate_limiter.charge_request(principal.caller_id, info)
-            except Exception:
-                if remembered is not None:  # a bad token is told so first
-                    await authenticate(capacity.db, authorization)
-                raise
-            if compiled is not None and hashed is not None:  # BETTERCOMPUTE_FAST_PATH
-                capacity.principals.put(hashed, principal)
-                try:
-                    raw = await request.body()
-                except Exception:  # the body limit: reported once the token is checked
-                    if remembered is not None:
-                        await authenticate(capacity.db, authorization)
-                    raise
-                answer = await _compiled_answer(capacity, principal, hashed, compiled, raw)
+            admitted = await admission.admit(
+                request,
+                authorization,
+                lambda: authenticate(capacity.db, authorization),
+                compiled=fast,
+            )
+            if compiled is not None and admitted.token_hash is not None:
+                await admission.read_body(request, admitted)  # BETTERCOMPUTE_FAST_PATH
+                if admitted.body_error is not None:
+                    raise admitted.body_error
+                assert admitted.body is not None
+                answer = await _compiled_answer(
+                    capacity, admitted.principal, admitted.token_hash, compiled, admitted.body
+                )
                 if answer is not None:
                     return JSONResponse(answer)
-                if remembered is not None:  # not answered: authenticate now, as usual
-                    capacity.principals.drop(hashed)
-                    principal = await authenticate(capacity.db, authorization)
+                if admitted.remembered:  # not answered: authenticate now, as usual
+                    admission.forget(admitted)
+                    await admitted.confirm()
             try:
                 body = orjson.loads(await request.body())
             except orjson.JSONDecodeError:
                 raise InvalidInput("the request body must be a JSON object") from None
             inp = parse_input(method.input, body)
-            result = await method.call(capacity, principal, inp)
+            result = await method.call(capacity, admitted.principal, inp)
             # A dry run (unoffer, archive) answers its impact in place of the result.
             key = "impact" if isinstance(result, ImpactView) else method.result_key
             return JSONResponse({key: render(result)})
@@ -83,13 +77,6 @@ def _endpoint(method: Method) -> Any:
 
     endpoint.__name__ = f"{method.group}_{method.name}"
     return endpoint
-
-
-def _token_hash(authorization: str | None) -> str | None:
-    try:
-        return bearer_token_hash(authorization)
-    except DomainError:
-        return None
 
 
 async def _compiled_answer(

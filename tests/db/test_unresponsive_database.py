@@ -131,6 +131,7 @@ async def test_a_database_that_stops_answering_is_503_in_bounded_time(
     assert ready.json() == {
         "ready": False,
         "checks": {"database": "unavailable", "broker": "ok", "relay": "ok"},
+        "rateLimits": "on",
     }
     assert int(ready.headers["retry-after"]) > 0
     assert readyz_s < READINESS_S + MARGIN_S
@@ -219,7 +220,7 @@ async def test_readyz_reports_the_broker_and_healthz_does_not(
             ready = await api.client.get("/readyz")
             assert ready.status_code == 200
             checks = {"database": "ok", "broker": "ok", "relay": "ok"}
-            assert ready.json() == {"ready": True, "checks": checks}
+            assert ready.json() == {"ready": True, "checks": checks, "rateLimits": "on"}
 
             await redis.stop()
             deadline = time.monotonic() + 30
@@ -230,6 +231,7 @@ async def test_readyz_reports_the_broker_and_healthz_does_not(
             assert ready.json() == {
                 "ready": False,
                 "checks": {"database": "ok", "broker": "unavailable", "relay": "ok"},
+                "rateLimits": "on",
             }
             assert (await api.client.get("/healthz")).status_code == 200
 

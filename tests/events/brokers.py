@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -60,3 +61,12 @@ class PrivateRedis:
             self._process.kill()
             await self._process.wait()
         self._process = None
+
+    def pause(self) -> None:
+        """Silent: connections are still accepted (by the kernel), nothing is answered."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)

@@ -24,6 +24,7 @@ async def test_readyz_is_not_ready_while_the_relay_is_behind(
         assert ready.json() == {
             "ready": True,
             "checks": {"database": "ok", "broker": "ok", "relay": "ok"},
+            "rateLimits": "on",
         }
         # The relay stops relaying; a write commits an event it will not deliver.
         relay = app.state.relay

@@ -4,13 +4,20 @@ HTTP 429, Retry-After and X-RateLimit-* headers; shared through Redis across pro
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from graphql import parse
+from prometheus_client import REGISTRY
 
 from app.compat import graphql_core_schema
 from app.config import Settings
 from app.ids import new_id
 from schema.app import build_schema
 from schema.limits import cost_errors
+from tests.events.brokers import PrivateRedis
 from tests.events.conftest import running
 from tests.rest.scene import Scene
 from tests.support import Fleet
@@ -99,7 +106,10 @@ async def test_budgets_are_shared_through_redis(
 ) -> None:
     # Each run's caller is new: its own key in Redis.
     settings = Settings(
-        database_url=database_url, rate_limit_requests=4, rate_limit_storage_url=redis_url
+        database_url=database_url,
+        rate_limit_requests=4,
+        rate_limit_storage_url=redis_url,
+        rate_limit_store_timeout_s=2.0,  # the shared Redis on a busy machine: no fail-open here
     )
     async with running(settings) as (_, one), running(settings) as (_, two):
         scene = await Scene.start(one, fleet)
@@ -110,3 +120,96 @@ async def test_budgets_are_shared_through_redis(
             for api in (one, two, one, two, one, two)
         ]
         assert answers == [404, 404, 404, 404, 429, 429]
+
+
+@asynccontextmanager
+async def silent_listener() -> AsyncIterator[int]:
+    """A port that accepts connections and never answers: a Redis that stalls."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def enforced_gauge() -> float | None:
+    return REGISTRY.get_sample_value("bettercompute_rate_limits_enforced")
+
+
+async def test_a_silent_store_costs_a_request_tens_of_milliseconds_and_readyz_says_off(
+    database_url: str, fleet: Fleet
+) -> None:
+    """Fail-open, bounded: the default wait for the store is 50 ms, and once it has been
+    silent no request waits for it (it waited 1 s per request before)."""
+    assert Settings().rate_limit_store_timeout_s == 0.05
+    async with silent_listener() as port:
+        settings = Settings(
+            database_url=database_url,
+            rate_limit_requests=2,
+            rate_limit_storage_url=f"redis://127.0.0.1:{port}/0",
+        )
+        async with running(settings) as (_, api):
+            scene = await Scene.start(api, fleet)
+            body = scene.body(new_id("pool"))
+            began = time.monotonic()
+            statuses = [
+                (await api.post(scene.token, "pools/get", body)).status_code for _ in range(5)
+            ]
+            elapsed = time.monotonic() - began
+            assert statuses == [404] * 5  # let through: the budget is off
+            assert elapsed < 2.5, elapsed  # 5 s and more before
+            ready = await api.client.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["rateLimits"] == "off"
+            assert enforced_gauge() == 0
+            scraped = (await api.client.get("/metrics")).text
+            assert "bettercompute_rate_limits_enforced 0.0" in scraped
+
+
+async def test_limits_are_enforced_again_once_the_store_answers(
+    database_url: str, fleet: Fleet
+) -> None:
+    """A private Redis (never the shared one) paused with SIGSTOP, then resumed."""
+    redis = PrivateRedis()
+    await redis.start()
+    try:
+        settings = Settings(
+            database_url=database_url,
+            rate_limit_requests=3,
+            rate_limit_storage_url=redis.url,
+            rate_limit_store_timeout_s=0.5,  # a real Redis on a busy machine
+        )
+        async with running(settings) as (_, api):
+            scene = await Scene.start(api, fleet)
+            body = scene.body(new_id("pool"))
+            first = await api.post(scene.token, "pools/get", body)
+            assert first.headers["x-ratelimit-remaining"] == "2"
+            assert (await api.client.get("/readyz")).json()["rateLimits"] == "on"
+            assert enforced_gauge() == 1
+            redis.pause()
+            for _ in range(5):
+                answer = await api.post(scene.token, "pools/get", body)
+                assert answer.status_code == 404
+            assert "x-ratelimit-remaining" not in answer.headers  # not counted
+            assert (await api.client.get("/readyz")).json()["rateLimits"] == "off"
+            redis.resume()
+            deadline = time.monotonic() + 30
+            while (await api.client.get("/readyz")).json()["rateLimits"] != "on":
+                assert time.monotonic() < deadline, "the limits never came back"
+                await asyncio.sleep(0.05)
+            assert enforced_gauge() == 1
+            statuses = [
+                (await api.post(scene.token, "pools/get", body)).status_code for _ in range(9)
+            ]
+            assert 429 in statuses, statuses  # counted again
+    finally:
+        redis.resume()
+        await redis.stop()
