@@ -58,6 +58,7 @@ WITH_POOL = (
     'subscription { poolEvents(tenantId: "attacker") { cursor type '
     "pool { id version gpuModel quotas { resource max used } } } }"
 )
+OPEN = "bettercompute_subscriptions_open"
 P50_RATIO = 2.0
 MAX_EXTRA_S = 1.0
 
@@ -78,8 +79,15 @@ async def _attack(conn: Connection, address: str, token: str, sockets: int, per:
     received = 0
     codes: list[int | None] = []
     errors: list[Any] = []
+    refused: list[Any] = []  # subscribes refused, each sent again
 
     async def one() -> None:
+        try:
+            await reading()
+        except Exception as exc:  # reported to the orchestrator
+            errors.append(repr(exc))
+
+    async def reading() -> None:
         nonlocal received
         async with connect(
             f"ws://{address}/graphql",
@@ -90,23 +98,36 @@ async def _attack(conn: Connection, address: str, token: str, sockets: int, per:
             init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
             await ws.send(orjson.dumps(init).decode())
             assert orjson.loads(await ws.recv())["type"] == "connection_ack"
-            for n in range(per):
-                message = {"id": str(n), "type": "subscribe", "payload": {"query": WITH_POOL}}
+            async def subscribe(operation_id: str) -> None:
+                message = {"id": operation_id, "type": "subscribe", "payload": {"query": WITH_POOL}}
                 await ws.send(orjson.dumps(message).decode())
+
+            async def again(operation_id: str) -> None:
+                await asyncio.sleep(1.0)
+                await subscribe(operation_id)
+
+            retries: set[asyncio.Task[None]] = set()
+            for n in range(per):
+                await subscribe(str(n))
             try:
                 async for raw in ws:  # a client that reads everything, at once
                     message = orjson.loads(raw)
                     if message["type"] == "next":
                         received += 1
-                    elif message["type"] == "error":
-                        errors.append(message["payload"])
+                    elif message["type"] == "error":  # refused (UNAVAILABLE): again, later
+                        refused.append(message["payload"])
+                        retries.add(asyncio.create_task(again(message["id"])))
             except ConnectionClosed as closed:
                 codes.append(closed.rcvd.code if closed.rcvd else None)
 
-    tasks = [asyncio.create_task(one()) for _ in range(sockets)]
+    tasks = []
+    for _ in range(sockets):  # paced: a storm of subscribes waits for the server's pool
+        tasks.append(asyncio.create_task(one()))
+        await asyncio.sleep(0.2)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, conn.recv)  # "stop"
-    conn.send({"received": received, "closed": codes, "errors": errors[:3]})
+    state = {"received": received, "closed": codes, "errors": errors[:3], "refused": refused[:2]}
+    conn.send({**state, "failed": len(errors)})
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -252,9 +273,11 @@ async def measure(args: argparse.Namespace, url: str) -> int:
         )
         attacker.start()
         deadline = time.monotonic() + 120
-        while await metric(address, "bettercompute_subscriptions_open") < subscriptions:
+        while (opened := await metric(address, OPEN)) < subscriptions:
             if time.monotonic() > deadline:
-                print("INVALID RUN: the attack's subscriptions did not all open")
+                ours.send("stop")
+                state = ours.recv()
+                print(f"INVALID RUN: {opened:.0f} of {subscriptions} subscriptions open; {state}")
                 return 1
             await asyncio.sleep(0.5)
         print(f"   attack: {subscriptions} subscriptions open ({args.sockets} x {args.per_socket})")
@@ -275,7 +298,8 @@ async def measure(args: argparse.Namespace, url: str) -> int:
         print(f"2. attacked, {args.seconds:.0f} s: victim {attacked.line()}")
         print(
             f"   attacker: {updates} updates, {result['received']} of {expected} deliveries "
-            f"received; closes {result['closed'] or 'none'}; errors {result['errors'] or 'none'}"
+            f"received; closes {result['closed'] or 'none'}; errors {result['errors'] or 'none'}; "
+            f"subscribes refused and sent again: {result['refused'] or 'none'}"
         )
         print(
             f"   server reads of PoolEvent.pool: {reads:.0f} for {updates} events "
