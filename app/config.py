@@ -83,6 +83,21 @@ class Settings(BaseSettings):
     max_subscriptions_per_connection: int = setting(
         20, "subscriptions (operations) per websocket connection", env="MAX_SUBSCRIPTIONS"
     )
+    max_subscriptions_per_caller: int = setting(
+        100,
+        "subscriptions one caller may hold open at once, over all its websockets (per "
+        "process: each serve process counts its own); past it RESOURCE_EXHAUSTED",
+    )
+    max_subscriptions_per_tenant: int = setting(
+        1000,
+        "subscriptions the callers of one tenant may hold open at once (per process); past "
+        "it RESOURCE_EXHAUSTED",
+    )
+    event_pool_reads: int = setting(
+        2,
+        "database reads the event fan-out makes at once for `PoolEvent.pool` (each read "
+        "once per event and view, on a connection held for that read only)",
+    )
     connection_init_timeout_s: float = setting(
         10.0, "time to send `connection_init` (4408)", env="CONNECTION_INIT_TIMEOUT_SECONDS"
     )

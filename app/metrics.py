@@ -102,6 +102,16 @@ SUBSCRIPTIONS = Gauge(
     "Live event subscriptions",
     multiprocess_mode="livesum",
 )
+EVENT_POOL_READS = Counter(
+    "bettercompute_event_pool_reads_total",
+    "Reads of the pool an event shows (`PoolEvent.pool`): one per event and view, however "
+    "many subscribers share that view",
+)
+SUBSCRIPTIONS_REFUSED = Counter(
+    "bettercompute_subscriptions_refused_total",
+    "Subscriptions refused with RESOURCE_EXHAUSTED, by the bound they met (caller, tenant)",
+    ["bound"],
+)
 BROKER_CONNECTED = Gauge(
     "bettercompute_broker_connected",
     "1 when the event broker subscription is up (per process; min across processes)",

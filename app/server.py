@@ -17,10 +17,11 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from app import compat, tracing
-from app.capacity.event_visibility import POOL_EVENTS
+from app.capacity.event_visibility import PoolEventVisibility
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import create_database
+from app.events.bounds import SubscriptionBounds
 from app.events.bus import EventBus
 from app.events.relay import relay_for
 from app.health import livez, readyz
@@ -96,7 +97,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         instrument_engine(db.writer, "writer")
         if db.reader is not db.writer:
             instrument_engine(db.reader, "reader")
-        relay = relay_for(db, settings, POOL_EVENTS)
+        events = PoolEventVisibility()
+        relay = relay_for(db, settings, events)
         bus.add_listener(relay.wake)
         revocations = RevocationWatcher(db, settings.revocation_poll_interval_s)
         bus.add_revocation_listener(revocations.wake)
@@ -108,10 +110,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
         app.state.bus = bus
         app.state.relay = relay
         app.state.revocations = revocations
+        app.state.subscription_bounds = SubscriptionBounds(
+            settings.max_subscriptions_per_caller, settings.max_subscriptions_per_tenant
+        )
         app.state.rate_limiter = limiter = RateLimiter(settings)
         # The admission of every request and websocket operation (app/http/admission.py).
         app.state.admission = Admission(settings, limiter)
-        app.state.capacity = Capacity(db, bus.notify, relay=relay)
+        app.state.capacity = Capacity(
+            db, bus.notify, relay=relay, events=events, event_pool_reads=settings.event_pool_reads
+        )
         tune_gc()
         try:
             yield

@@ -86,11 +86,24 @@ async def seed_tenant(db: Database, capacity: Capacity, tenant: str) -> tuple[st
     return pool.pool.id, viewer
 
 
-def start_server(database_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def subscription_bounds(subscribers: int) -> dict[str, str]:
+    """The throughput phase opens all its subscriptions with one token (the `crowd`
+    viewer), past the default bound per caller (100): the bounds this run needs, set
+    explicitly and printed."""
+    return {
+        "BETTERCOMPUTE_MAX_SUBSCRIPTIONS_PER_CALLER": str(subscribers),
+        "BETTERCOMPUTE_MAX_SUBSCRIPTIONS_PER_TENANT": str(subscribers),
+    }
+
+
+def start_server(
+    database_url: str, port: int, log: Path, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "BETTERCOMPUTE_DATABASE_URL": database_url,
         "BETTERCOMPUTE_BROADCAST_URL": REDIS_URL,
+        **(extra or {}),
     }
     binary = Path(sys.executable).with_name("bettercompute")
     with log.open("wb") as out:
@@ -339,7 +352,9 @@ async def measure(args: argparse.Namespace, url: str) -> int:
         port = 18000 + secrets.randbelow(2000)
         address = f"127.0.0.1:{port}"
         log = Path(f"/tmp/bench_events_server_{port}.log")
-        server = start_server(url, port, log)
+        bounds = subscription_bounds(args.subscribers)
+        print("subscription bounds: " + ", ".join(f"{k}={v}" for k, v in bounds.items()))
+        server = start_server(url, port, log, bounds)
         await wait_healthy(address)
         writer = Worker("writer", writer_main, url, REDIS_URL)
         clients = [

@@ -77,9 +77,10 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         """A subscription event whose root value carries `renderings` (a dict shared by
         every subscriber shown the same event object, see PoolEvent) is executed once
         per distinct request: the same operation node (same document, same selection
-        set) with the same variables. The root value sets `renderings` only when
-        nothing else decides the answer (no per-caller read below it), so the same
-        request over the same shown event gives the same data; the other subscribers
+        set) with the same variables. The root value's `renderings` is shared only by
+        subscribers for whom nothing else decides the answer (with `pool` selected, the
+        event's dict for one view, whose read they share: schema/subscriptions.py), so
+        the same request over the same shown event gives the same data; the other subscribers
         get that data, not a new execution. A result with errors is not shared."""
         renderings = getattr(self.root_value, "renderings", None)
         if renderings is None or self.operation.operation is not OperationType.SUBSCRIPTION:

@@ -12,9 +12,10 @@ import strawberry
 from starlette.websockets import WebSocket
 from strawberry.scalars import JSON
 
+from app.capacity.event_reads import view_of
 from app.capacity.event_visibility import PoolEventFilter
-from app.capacity.inputs import GetPoolInput, PoolEventsInput, parse_input
-from app.errors import NotFound
+from app.capacity.inputs import PoolEventsInput, parse_input
+from app.capacity.service import Capacity
 from app.events import relay as events_relay
 from app.events.reader import OutboxEvent
 from schema.context import Context
@@ -50,33 +51,42 @@ class PoolEvent:
         "compute:pools:share (docs/events.md)."
     )
     tenant: strawberry.Private[str]  # the subscribing tenant
-    # This event's own reads, when `pool` is selected: fresh data for every event.
-    scope: strawberry.Private[Context | None]
-    # Without `pool`, what a subscriber receives is decided by the event as shown to it
-    # (readable_event) and its request alone: the executor renders it once per request
-    # for every subscriber shown the same event object (schema/executor.py). With
-    # `pool`, each subscriber's answer is its own read: None, never shared.
-    renderings: strawberry.Private[dict[Any, Any] | None]
+    # Set when `pool` is selected: the subscription whose event this is, whose caller's
+    # current binding decides the read (app/capacity/event_reads.py).
+    subscription: strawberry.Private[events_relay.Subscription[PoolEventFilter] | None]
+    capacity: strawberry.Private[Capacity | None]
+    # What a subscriber receives is decided by the event as shown to it (readable_event),
+    # its view (tenant, role, `--where`) when it reads `pool`, and its request: the
+    # executor renders it once per request for every subscriber given the same dict here
+    # (schema/executor.py): the event object's own, or, with `pool`, the event's per view.
+    renderings: strawberry.Private[dict[Any, Any]]
+    source: strawberry.Private[OutboxEvent]
 
     @strawberry.field(
         description="The pool as the subscribing tenant sees it now; null once it no "
-        "longer can (after an unoffer or archive that removed it)."
+        "longer can (after an unoffer or archive that removed it). Read once per event "
+        "for every subscriber with the same view (tenant, role and binding conditions)."
     )
     async def pool(self, info: Info) -> Pool | None:
-        ctx = self.scope
-        if ctx is None:  # not selected: never resolved
+        subscription, capacity = self.subscription, self.capacity
+        if subscription is None or capacity is None:  # not selected: never resolved
             return None
-        principal = await ctx.principal()
-        inp = GetPoolInput.model_validate({"tenantId": self.tenant, "poolId": self.pool_id})
         parts = pool_parts(selected_below(info, ()))
-        try:
-            detail = await ctx.capacity.get_pool(principal, inp, parts=parts, reads=ctx.reads)
-        except NotFound:
-            return None
-        return pool_from_detail(detail, self.tenant)
+        with subscription.preparing():  # our read, not the client's stall
+            detail = await capacity.event_reads.pool(self.source, subscription.filter.actor, parts)
+        return None if detail is None else pool_from_detail(detail, self.tenant)
 
 
-def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolEvent:
+def _pool_event(
+    event: OutboxEvent,
+    tenant: str,
+    subscription: events_relay.Subscription[PoolEventFilter],
+    capacity: Capacity | None,
+) -> PoolEvent:
+    if capacity is not None:  # `pool` selected: rendered once per event and view
+        renderings = event.reads.setdefault(("rendering", view_of(subscription.filter.actor)), {})
+    else:
+        renderings = event.renderings
     return PoolEvent(
         cursor=event.cursor,
         type=event.type,
@@ -85,8 +95,10 @@ def _pool_event(event: OutboxEvent, tenant: str, scope: Context | None) -> PoolE
         occurred_at=event.occurred_at,
         data=cast(JSON, event.data),
         tenant=tenant,
-        scope=scope,
-        renderings=event.renderings if scope is None else None,
+        subscription=subscription if capacity is not None else None,
+        capacity=capacity,
+        renderings=renderings,
+        source=event,
     )
 
 
@@ -141,13 +153,10 @@ class Subscription:
         _close_when_evicted(subscription, ctx.request)
         tenant = subscription.filter.actor.tenant_id
         reads_pool = "pool" in selected_below(info, ())
-        scope: Context | None = None
-        try:
-            async for event in subscription.stream():
-                if scope is not None:
-                    await scope.reads.close()  # the previous event has been sent
-                scope = ctx.fork() if reads_pool else None
-                yield _pool_event(event, tenant, scope)
-        finally:
-            if scope is not None:
-                await scope.reads.close()
+        capacity = ctx.capacity if reads_pool else None
+        async for event in subscription.stream():
+            if reads_pool:
+                # What the previous event read through this context (`reservations`) is
+                # let go: its connection back to the pool, nothing stale kept for the next.
+                await ctx.refresh_reads()
+            yield _pool_event(event, tenant, subscription, capacity)

@@ -2,8 +2,9 @@
 (docs/events.md):
 
 - graphql-transport-ws: a bad token closes with 4403 (strawberry's Forbidden); one
-  subscription over the connection's limit gets an `error` with RESOURCE_EXHAUSTED
-  (the protocol's answer to refusing one operation), the connection stays up.
+  subscription over the connection's limit, or over its caller's or tenant's
+  (schema/subscription_bounds.py), gets an `error` with RESOURCE_EXHAUSTED (the
+  protocol's answer to refusing one operation), the connection stays up (legacy too).
 - graphql-ws (legacy): a bad token gets `connection_error` with the error, then the
   socket closes with 4403 as on the newer protocol (strawberry would use 1011); no
   connection_init in time closes with 4408 and a second one with 4429, as there.
@@ -46,6 +47,7 @@ from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
 from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError
+from schema.subscription_bounds import take_slot
 
 # RFC 6455 "Try Again Later": the connection could not be authenticated because the
 # database is out of reach, which is no reason for a client to give up (4403 would be).
@@ -243,9 +245,22 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
                 )
                 return
             message["payload"]["query"] = query
+            slot = await take_slot(self.context, message["payload"])  # bounds per caller/tenant
+            if isinstance(slot, dict):
+                await self.send_message(
+                    transport_ws.ErrorMessage(id=message["id"], type="error", payload=[slot])
+                )
+                return
+        else:
+            slot = None
         # The operation's task, made by strawberry below, starts with this value.
         sent_operation_name.set(message["payload"].get("operationName"))
-        await super().handle_subscribe(message)
+        try:
+            await super().handle_subscribe(message)
+        finally:
+            if slot is not None:
+                operation = self.operations.get(message["id"])
+                slot.hold_until_done(operation.task if operation is not None else None)
 
 
 class _AnyOperation:
@@ -360,6 +375,18 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
                 )
                 return
             message["payload"]["query"] = query
+            slot = await take_slot(self.context, message["payload"])  # bounds per caller/tenant
+            if isinstance(slot, dict):
+                await self.send_message(
+                    legacy_ws.ErrorMessage(type="error", id=message["id"], payload=slot)
+                )
+                return
+        else:
+            slot = None
         # The operation's task, made by strawberry below, starts with this value.
         sent_operation_name.set(message["payload"].get("operationName"))
-        await super().handle_start(message)
+        try:
+            await super().handle_start(message)
+        finally:
+            if slot is not None:
+                slot.hold_until_done(self.tasks.get(message["id"]))

@@ -12,7 +12,9 @@ names it. Two things are decided on current state instead, from one load per bat
   through that tenant's offer with `includeDescendants` (the audience names only the
   offered tenant, not its subtree);
 - the caller's role binding, when narrowed by pool attributes, must allow
-  `compute:pools:read` on the pool (the per-pool IAM decision).
+  `compute:pools:read` on the pool (the per-pool IAM decision). The binding is the
+  caller's current one: a rebinding re-scopes the open subscriptions, read on the
+  batch's own connection before it is decided (app/iam/bindings.py).
 
 Then an event shows the subscriber nothing a query by the same caller would not
 (CONTRACT section 7): offer details (`toTenantId`, `quota`, `priority`,
@@ -39,7 +41,8 @@ from app.catalog import LIST_POOLS
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.events.reader import OutboxEvent
-from app.iam.decisions import PoolAttributes, allows_pool
+from app.iam.bindings import LiveBinding, LiveBindings
+from app.iam.decisions import PoolAttributes, allows_pool, may_act
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,26 +145,48 @@ async def load_world(executor: Executor, pool_ids: Collection[str]) -> World:
 
 
 class PoolEventVisibility:
-    """The relay's view of this rule (app/events/delivery.py): one load per batch."""
+    """The relay's view of this rule (app/events/delivery.py): one load per batch. The
+    open subscriptions' bindings are brought up to date first, on the same connection and
+    after the batch's events were read, so a rebinding committed before them decides them."""
+
+    def __init__(self, bindings: LiveBindings | None = None) -> None:
+        self.bindings = bindings or LiveBindings()
 
     async def load(self, executor: Executor, events: Sequence[OutboxEvent]) -> World:
+        await self.bindings.refresh(executor)
         return await load_world(executor, {e.pool_id for e in events})
 
 
-POOL_EVENTS = PoolEventVisibility()
-
-
-@dataclass(frozen=True, slots=True)
 class PoolEventFilter:
-    """What one subscription asked for: its actor, and optionally one pool and some types."""
+    """What one subscription asked for: its actor, and optionally one pool and some types.
+    The actor's principal is the caller's current binding (`LiveBinding`), not the one it
+    subscribed with."""
 
-    actor: Actor
-    pool_id: str | None = None
-    types: frozenset[str] | None = None
+    __slots__ = ("_actor", "_binding", "pool_id", "types")
+
+    def __init__(
+        self,
+        actor: Actor,
+        pool_id: str | None = None,
+        types: frozenset[str] | None = None,
+        *,
+        binding: LiveBinding | None = None,
+    ) -> None:
+        self._actor = actor
+        self._binding = binding or LiveBinding(actor.principal)
+        self.pool_id = pool_id
+        self.types = types
+
+    @property
+    def actor(self) -> Actor:
+        principal = self._binding.principal
+        if self._actor.principal is not principal:  # rebound since: the new one decides
+            self._actor = dataclasses.replace(self._actor, principal=principal)
+        return self._actor
 
     @property
     def tenants(self) -> tuple[str, ...]:
-        return self.actor.lineage
+        return self._actor.lineage
 
     def wants(self, event: OutboxEvent) -> bool:
         return (self.pool_id is None or event.pool_id == self.pool_id) and (
@@ -183,6 +208,8 @@ def readable_event(
     if not subscription.wants(event):
         return None
     actor = subscription.actor
+    if not may_act(actor.principal, actor.tenant_id, LIST_POOLS.permission):
+        return None  # rebound to a role that may no longer act for the tenant
     pool = world.pools.get(event.pool_id)
     if pool is None:  # pools are never deleted; nothing to show without one
         return None
@@ -217,3 +244,4 @@ def readable_event(
         data = {**event.data, "removedTenantIds": [t for t in removed if t in lineage]}
         return dataclasses.replace(event, data=data)
     return event
+

@@ -2,7 +2,8 @@
 
 Checks run in CONTRACT section 2's order: input validation (the cursor included), then
 the coarse IAM decision on the tenant, made once, at subscribe time. Each event is then
-decided on its own as it is delivered (event_visibility.py). A `poolId` the tenant
+decided on its own as it is delivered (event_visibility.py), with the caller's current
+binding: a rebinding re-scopes the open subscription (app/iam/bindings.py). A `poolId` the tenant
 cannot see is not refused: the stream simply carries nothing of it, so a client that
 resumes after losing a pool still gets the event that told it so.
 """
@@ -16,11 +17,16 @@ from app.catalog import LIST_POOLS
 from app.db.engine import Database
 from app.events.cursor import decode_cursor
 from app.events.relay import Relay, Subscription
+from app.iam.bindings import LiveBindings
 from app.iam.principal import Principal
 
 
 async def open_pool_events(
-    relay: Relay[PoolEventFilter], db: Database, principal: Principal, inp: PoolEventsInput
+    relay: Relay[PoolEventFilter],
+    db: Database,
+    bindings: LiveBindings,
+    principal: Principal,
+    inp: PoolEventsInput,
 ) -> Subscription[PoolEventFilter]:
     """A subscription for `poolEvents(tenantId, poolId, types, after)`; iterate its
     `stream()` for the events."""
@@ -32,5 +38,6 @@ async def open_pool_events(
         actor=actor,
         pool_id=inp.pool_id,
         types=frozenset(inp.types) if inp.types is not None else None,
+        binding=bindings.live(principal),  # re-scoped by a rebinding (app/iam/bindings.py)
     )
     return await relay.open(event_filter, after)

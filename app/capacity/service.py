@@ -24,7 +24,8 @@ from app.capacity import (
     pools,
     reservations,
 )
-from app.capacity.event_visibility import PoolEventFilter
+from app.capacity.event_reads import EventPoolReads
+from app.capacity.event_visibility import PoolEventFilter, PoolEventVisibility
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -76,10 +77,15 @@ class Capacity:
         notify: Notify | None = None,
         *,
         relay: Relay[PoolEventFilter] | None = None,
+        events: PoolEventVisibility | None = None,
+        event_pool_reads: int = 2,
     ) -> None:
         self.db = db
         self._notify = notify
         self._relay = relay  # this process's event relay; only a server has one
+        # The relay's rule, with the open subscriptions' live bindings (the same object).
+        self.events = events or PoolEventVisibility()
+        self.event_reads = EventPoolReads(db, event_pool_reads)
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)
@@ -343,4 +349,6 @@ class Capacity:
     ) -> Subscription[PoolEventFilter]:
         if self._relay is None:
             raise RuntimeError("pool events need a server's relay (Capacity(relay=...))")
-        return await pool_events.open_pool_events(self._relay, self.db, principal, inp)
+        return await pool_events.open_pool_events(
+            self._relay, self.db, self.events.bindings, principal, inp
+        )

@@ -90,10 +90,12 @@ class EmbeddedRows:
             stored_datetime(utcnow()),
         )
         self._insert(
-            "INSERT INTO role_bindings (caller_id, role, conditions) VALUES (?, ?, ?)",
+            "INSERT INTO role_bindings (caller_id, role, conditions, updated_at) "
+            "VALUES (?, ?, ?, ?)",
             caller_id,
             role,
             json.dumps(conditions),
+            stored_datetime(utcnow()),
         )
 
     async def add_token(self, token_hash: str, caller_id: str) -> None:

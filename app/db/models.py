@@ -87,6 +87,11 @@ class RoleBinding(Base):
     caller_id: Mapped[str] = mapped_column(ForeignKey("callers.id"), primary_key=True)
     role: Mapped[str] = mapped_column(String(32))
     conditions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Written by every change (onupdate) and indexed: each serve process looks for the
+    # bindings changed lately, so open subscriptions follow a rebinding (app/iam/bindings.py).
+    updated_at: Mapped[datetime | None] = mapped_column(
+        default=utcnow, onupdate=utcnow, index=True
+    )
 
 
 class ApiToken(Base):

@@ -31,6 +31,10 @@ class OutboxEvent:
     occurred_at: datetime
     data: dict[str, Any]
     audience: frozenset[str]  # the tenants it is for (only those asked about, when filtered)
+    # What is read for this event once and shared by every subscriber it is shown to
+    # (app/capacity/event_reads.py): an init field, so a reduced view made with
+    # `dataclasses.replace` shares the same dict.
+    reads: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
     # A transport's renderings of this event object, made once and shared by every
     # subscriber shown this same object with the same request (schema/executor.py).
     # Not an init field: `dataclasses.replace` (a reduced view) starts with none.

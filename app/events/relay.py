@@ -10,7 +10,9 @@ out to this process's subscriptions.
 - A subscription whose client has not taken a message for `stall_timeout_s` while
   one is pending (its socket's buffers are full) is evicted: its stream is cancelled
   and `on_evict` lets the transport close the connection, so the client resumes from
-  its last cursor.
+  its last cursor. Time the server spends preparing the message (a read of its own,
+  `Subscription.preparing`) or away on other work (a late event loop) is not counted:
+  only a client that stopped reading is closed.
 
 Who may read each event, and what of it, is the domain's rule: the relay is given it as
 `visibility` (app/events/delivery.py) and asks it once per batch it reads.
@@ -26,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Generic
 
@@ -133,6 +135,7 @@ class Subscription(Generic[F]):
         self._relay = relay
         self._task: asyncio.Task[object] | None = None
         self._waiting_since: float | None = None  # when the client last had to take a message
+        self._preparing = 0  # reads of the server's own for the pending message, under way
 
     async def stream(self) -> AsyncIterator[OutboxEvent]:
         relay = self._relay
@@ -170,8 +173,31 @@ class Subscription(Generic[F]):
             self.live = False
             self.resyncs += 1
 
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """The server itself is still preparing the message handed out (a read for it,
+        waiting its turn): that time is not the client's, whose stall clock starts again
+        once it is ready. Under load such reads take long; counting them closed clients
+        that were reading (4413)."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            if self._waiting_since is not None:
+                self._waiting_since = asyncio.get_running_loop().time()
+
     def stalled(self, now: float, timeout_s: float) -> bool:
-        return self._waiting_since is not None and now - self._waiting_since > timeout_s
+        return (
+            self._preparing == 0
+            and self._waiting_since is not None
+            and now - self._waiting_since > timeout_s
+        )
+
+    def excuse(self, seconds: float) -> None:
+        """The event loop itself was away this long: not the client's time either."""
+        if self._waiting_since is not None:
+            self._waiting_since += seconds
 
     def evict(self) -> None:
         if self.evicted:
@@ -387,9 +413,17 @@ class Relay(Generic[F]):
 
     async def _watch_stalls(self) -> None:
         loop = asyncio.get_running_loop()
+        period = min(1.0, self._stall_timeout_s / 4)
         while True:
-            await asyncio.sleep(min(1.0, self._stall_timeout_s / 4))
+            before = loop.time()
+            await asyncio.sleep(period)
             now = loop.time()
+            # A busy loop woke us late: no client could be served meanwhile, however
+            # fast it reads, so that time is taken off every client's stall clock.
+            late = now - before - period
+            if late > period:
+                for subscription in self._subscriptions:
+                    subscription.excuse(late)
             for subscription in list(self._subscriptions):
                 if subscription.stalled(now, self._stall_timeout_s):
                     log.warning("evicting a subscription: its client stopped reading")

@@ -33,6 +33,7 @@ async def rebind_caller(
     binding = await uow.session.get_one(RoleBinding, caller_id)
     binding.role = role
     binding.conditions = dict(conditions or {})
+    binding.updated_at = utcnow()  # open subscriptions follow it (app/iam/bindings.py)
     await uow.session.flush()
 
 

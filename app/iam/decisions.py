@@ -38,6 +38,13 @@ def decide_acting_for(principal: Principal, tenant_id: str) -> None:
         raise PermissionDenied(f"caller may not act for tenant {tenant_id}", field="tenantId")
 
 
+def may_act(principal: Principal, tenant_id: str, permission: str) -> bool:
+    """decide_tenant's rule as a test, for a decision made again per event."""
+    return (
+        principal.tenant_id == tenant_id or principal.is_fleet_admin
+    ) and principal.has(permission)
+
+
 def decide_tenant(principal: Principal, tenant_id: str, permission: str) -> None:
     """The coarse decision of a method decided on the tenant (compute-tenant): may this
     caller act for the tenant, with a role that has the permission at all."""
