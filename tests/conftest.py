@@ -16,7 +16,7 @@ Services: PostgreSQL (BETTERCOMPUTE_TEST_POSTGRES_URL) and Redis
 skipped, or fail when BETTERCOMPUTE_TEST_REQUIRE_SERVICES=1 (as in CI).
 
 Isolation: a test that leaves asyncio tasks running fails at its teardown, and those tasks
-are cancelled there (`no_leaked_tasks`), so a failing test cannot poison the next one with
+are cancelled there (`leaked_tasks_fail`), so a failing test cannot poison the next one with
 its writers or their connections; `empty_tables` ends any PostgreSQL backend still busy on
 the run's database before the next test starts.
 
@@ -28,6 +28,7 @@ builds and every `bettercompute serve` it starts (they inherit the environment).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -100,8 +101,16 @@ def _describe(task: asyncio.Task[object]) -> str:
     return f"{task.get_name()} ({name})"
 
 
-@pytest_asyncio.fixture(autouse=True, loop_scope="session")
-async def no_leaked_tasks() -> AsyncIterator[None]:
+@pytest.fixture(autouse=True)
+def no_leaked_tasks(request: pytest.FixtureRequest) -> None:
+    """For each asyncio test, `leaked_tasks_fail` (a sync test runs no task on the
+    session's loop, and one under Playwright's sync API has a loop of its own running)."""
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        request.getfixturevalue("leaked_tasks_fail")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leaked_tasks_fail() -> AsyncIterator[None]:
     """Fail the test that leaves tasks running on the session's loop (set up first, so
     this runs after every other fixture of the test is torn down), and cancel them: a
     gather that raised leaves its siblings running, and they would go on writing, holding
