@@ -513,6 +513,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ws_ping_timeout=settings.keepalive_interval_s,
         ws_per_message_deflate=False,
         ws_max_size=settings.websocket_max_message_bytes,  # a larger message closes 1009
+        # uvicorn's default (5 s) equals httpx's keep-alive expiry: a request sent as the
+        # server closed the idle connection got no answer, and no log line (issue 19).
+        timeout_keep_alive=settings.http_keepalive_s,
         log_config=logging_config(settings),  # JSON lines with request ids (app/logs.py)
         access_log=False,  # app/observe.py logs each request, with more than uvicorn's line
     )

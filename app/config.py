@@ -163,6 +163,13 @@ class Settings(BaseSettings):
     readiness_timeout_s: float = setting(
         2.0, "how long `/readyz` waits for the database", env="READINESS_TIMEOUT_SECONDS"
     )
+    http_keepalive_s: int = setting(
+        75,
+        "seconds `serve` keeps an idle HTTP/1.1 connection open; longer than clients' and "
+        "proxies' own idle timeouts (httpx 5 s, load balancers 60 s), so a request a client "
+        "sends on an idle connection never meets the server closing it (it got no answer)",
+        env="HTTP_KEEPALIVE_SECONDS",
+    )
 
     # Websockets (docs/events.md).
     revocation_poll_interval_s: float = setting(

@@ -15,6 +15,11 @@ Services: PostgreSQL (BETTERCOMPUTE_TEST_POSTGRES_URL) and Redis
 (`redis_url`, BETTERCOMPUTE_TEST_REDIS_URL). When one is unreachable its tests are
 skipped, or fail when BETTERCOMPUTE_TEST_REQUIRE_SERVICES=1 (as in CI).
 
+Isolation: a test that leaves asyncio tasks running fails at its teardown, and those tasks
+are cancelled there (`leaked_tasks_fail`), so a failing test cannot poison the next one with
+its writers or their connections; `empty_tables` ends any PostgreSQL backend still busy on
+the run's database before the next test starts.
+
 The fast path: on, unless BETTERCOMPUTE_FAST_PATH=false (CI runs the GraphQL and
 websocket suites both ways, .ci/run). The variable reaches every `Settings(...)` a test
 builds and every `bettercompute serve` it starts (they inherit the environment).
@@ -22,6 +27,8 @@ builds and every `bettercompute serve` it starts (they inherit the environment).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -77,6 +84,57 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, name))
 
 
+# Pool waits of the `db` fixture's engines (production: BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT).
+TEST_ACQUIRE_S = 60.0
+
+# --- isolation ---------------------------------------------------------------------
+
+# A task still running this long after its test's fixtures are torn down is a leak.
+LEAK_GRACE_S = 2.0
+# How long cancelled leaked tasks get to unwind (close their connections).
+LEAK_CANCEL_S = 10.0
+
+
+def _describe(task: asyncio.Task[object]) -> str:
+    coroutine = task.get_coro()
+    name = getattr(coroutine, "__qualname__", None) or repr(coroutine)
+    return f"{task.get_name()} ({name})"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_tasks(request: pytest.FixtureRequest) -> None:
+    """For each asyncio test, `leaked_tasks_fail` (a sync test runs no task on the
+    session's loop, and one under Playwright's sync API has a loop of its own running)."""
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        request.getfixturevalue("leaked_tasks_fail")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leaked_tasks_fail() -> AsyncIterator[None]:
+    """Fail the test that leaves tasks running on the session's loop (set up first, so
+    this runs after every other fixture of the test is torn down), and cancel them: a
+    gather that raised leaves its siblings running, and they would go on writing, holding
+    pool connections and locks into the next test."""
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    leaked = {t for t in asyncio.all_tasks() - before if t is not current}
+    if leaked:
+        _, leaked = await asyncio.wait(leaked, timeout=LEAK_GRACE_S)
+    if not leaked:
+        return
+    names = sorted(_describe(t) for t in leaked)
+    for task in leaked:
+        task.cancel()
+    _, stuck = await asyncio.wait(leaked, timeout=LEAK_CANCEL_S)
+    detail = f"; {len(stuck)} ignored cancellation" if stuck else ""
+    pytest.fail(
+        f"the test left {len(names)} task(s) running (cancelled now{detail}): "
+        + ", ".join(names),
+        pytrace=False,
+    )
+
+
 # --- databases ---------------------------------------------------------------------
 
 
@@ -112,7 +170,9 @@ async def database_url(dialect: str, database_url_for: Callable[[str], Awaitable
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def db(database_url: str) -> AsyncIterator[Database]:
-    database = create_database(database_url)
+    # A busy machine (load 16 on 2 cores) legitimately keeps a test waiting for a pool
+    # connection longer than production's 10 s bound; tests of that bound build their own.
+    database = create_database(database_url, Settings(db_acquire_timeout_s=TEST_ACQUIRE_S))
     try:
         yield database
     finally:

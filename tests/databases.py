@@ -65,6 +65,15 @@ def service_unavailable(message: str) -> NoReturn:
     pytest.skip(message)
 
 
+# Idle backends are left alone: a PgBouncer keeps its server connections open between
+# clients, and an idle connection holds no lock.
+STRAY_BACKENDS = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND backend_type = 'client backend' AND state IS DISTINCT FROM 'idle'
+"""
+
+
 def _plain_engine(url: str) -> AsyncEngine:
     """No pooling, no PRAGMAs: connections live only as long as one statement batch."""
     if make_url(url).get_backend_name() == "postgresql":
@@ -83,6 +92,9 @@ async def empty_tables(url: str) -> None:
     try:
         async with engine.begin() as connection:
             if connection.dialect.name == "postgresql":
+                # A backend still busy here (a transaction left open, a statement running)
+                # belongs to an earlier test's leak: end it, so this test starts clean.
+                await connection.exec_driver_sql(STRAY_BACKENDS)
                 # A test that left a transaction open would otherwise make this hang.
                 await connection.exec_driver_sql("SET LOCAL lock_timeout = '10s'")
                 names = ", ".join(

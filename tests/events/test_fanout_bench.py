@@ -1,6 +1,7 @@
 """The fan-out benchmark's own machinery (bench/events_fanout.py): a `--quick` run, tiny
 sizes, with the server, the writer and two client processes each in its own process.
-Figures are not checked (this machine is busy); what it prints and decides is."""
+Figures are not checked, nor is the rate the writer reached (this machine is busy): what it
+prints, and that every event reaches every subscriber once, are."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.databases import POSTGRES_URL
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_the_quick_run_reports_rates_cpu_and_exactly_once(
+async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
     redis_url: str, database_url_for: Callable[[str], Awaitable[str]]
 ) -> None:
     await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
@@ -30,7 +31,11 @@ async def test_the_quick_run_reports_rates_cpu_and_exactly_once(
     )
     output, _ = await asyncio.wait_for(process.communicate(), 300)
     printed = output.decode()
-    assert process.returncode == 0, printed
+    # The benchmark calls a run whose writer fell short of the asked rate INVALID (exit 1),
+    # as a busy machine's may: this smoke run checks exactly-once delivery, never a rate.
+    invalid = [line for line in printed.splitlines() if line.startswith("INVALID RUN:")]
+    assert all("events/s of the" in line for line in invalid), printed
+    assert process.returncode == (1 if invalid else 0), printed
     for expected in (
         "1. idle subscriptions, one per websocket: 40",
         "2. steady rate: requested 20 events/s for 1 s; the writer committed 20 in",

@@ -101,10 +101,15 @@ async def test_concurrent_writers_with_rollbacks_and_a_polling_reader(db: Databa
             if not events:
                 await asyncio.sleep(0.001)
 
-    reading = asyncio.create_task(reader())
-    await asyncio.gather(*(writer(w) for w in range(WRITERS)))
-    writers_done.set()
-    await asyncio.wait_for(reading, 60)
+    # A task group: if one writer fails (a pool timeout on a busy machine), the others and
+    # the reader are cancelled here instead of writing on into the next test.
+    async with asyncio.timeout(300), asyncio.TaskGroup() as group:
+        reading = group.create_task(reader())
+        async with asyncio.TaskGroup() as writers:
+            for w in range(WRITERS):
+                writers.create_task(writer(w))
+        writers_done.set()
+        await reading
 
     assert len(delivered) == len(set(delivered)), "an event was delivered twice"
     assert set(delivered) == committed

@@ -257,16 +257,29 @@ async def _compare(
     assert second == plain, context
 
 
-async def test_hand_written_queries_answer_alike(pair: Pair, world: World, dialect: str) -> None:
+@pytest.mark.parametrize("size", ["default", pytest.param("full", marks=pytest.mark.soak)])
+async def test_hand_written_queries_answer_alike(
+    pair: Pair, world: World, dialect: str, size: str
+) -> None:
+    """Every query for every caller and pool (`full`, the soak set: 340 comparisons; it
+    took 3 minutes at load 10); the default run takes each query for half the callers,
+    each caller for half the queries, the pools in turn (130)."""
     before = _answered()
-    for query, variables in HAND_WRITTEN:
-        for caller in CALLERS:
-            for pool in ("p0", "p2", "p4") if "$POOL" in variables.values() else ("p0",):
+    callers = list(CALLERS)
+    for q, (query, variables) in enumerate(HAND_WRITTEN):
+        for c, caller in enumerate(callers):
+            pools = ("p0", "p2", "p4") if "$POOL" in variables.values() else ("p0",)
+            if size == "default":
+                if (q + c) % 2:
+                    continue
+                pools = (pools[(q + c) // 2 % len(pools)],)
+            for pool in pools:
                 await _compare(pair, world, query, variables, caller, pool)
     answered = _answered() - before
     print(f"compiled answers: {answered}")
     if dialect == "postgresql":
-        assert answered >= 60, answered  # the compiled path did answer (not only decline)
+        # the compiled path did answer (not only decline)
+        assert answered >= (60 if size == "full" else 25), answered
     else:
         assert answered == 0  # SQLite: always the plain path
 
