@@ -106,8 +106,7 @@ GET_POOL = _row(
     roles.POOLS_READ,
     "compute-pool",
     "v0.1",
-    "Returns one pool as the tenant sees it, with owned, archived and the tenant's own "
-    "quota rows.",
+    "Returns one pool as the tenant sees it, with owned, archived and the tenant's own quota rows.",
     inputs.GetPoolInput,
     lambda c, p, i: c.get_pool(p, i),
     "pool",
@@ -124,8 +123,7 @@ CREATE_POOL = _row(
     inputs.CreatePoolInput,
     lambda c, p, i: c.create_pool(p, i),
     "pool",
-    authorization=f"{roles.POOLS_CREATE} @ compute-fleet or "
-    f"{roles.POOLS_CREATE} @ compute-tenant",
+    authorization=f"{roles.POOLS_CREATE} @ compute-fleet or {roles.POOLS_CREATE} @ compute-tenant",
 )
 POOL_CAPACITY = _row(
     "pools",

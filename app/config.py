@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     )
     graphiql: bool = setting(True, "serve GraphiQL at `/graphql` (switch off in production)")
     introspection: bool = setting(
-        True, "GraphQL introspection, and errors' \"Did you mean\" (switch off in production)"
+        True, 'GraphQL introspection, and errors\' "Did you mean" (switch off in production)'
     )
     fast_path: bool = setting(
         True,
@@ -121,7 +121,8 @@ class Settings(BaseSettings):
         2.0, "how often each process checks its broker subscription", env="BROKER_PROBE_SECONDS"
     )
     event_retention_s: int = setting(
-        0, "prune events older than this many seconds (0 keeps every event)",
+        0,
+        "prune events older than this many seconds (0 keeps every event)",
         env="EVENT_RETENTION_SECONDS",
     )
     allowed_origins: Annotated[tuple[str, ...], NoDecode] = setting(
@@ -231,9 +232,7 @@ class Settings(BaseSettings):
     rate_limit_cost: int = setting(
         0, "GraphQL query cost (docs/graphql.md) per caller per window (0: no limit)"
     )
-    rate_limit_window_s: int = setting(
-        60, "the rate-limit window", env="RATE_LIMIT_WINDOW_SECONDS"
-    )
+    rate_limit_window_s: int = setting(60, "the rate-limit window", env="RATE_LIMIT_WINDOW_SECONDS")
     rate_limit_storage_url: str = setting(
         "",
         "where budgets are counted: `memory://` (per process) or `redis://host:6379/0` "
@@ -242,7 +241,7 @@ class Settings(BaseSettings):
     rate_limit_store_timeout_s: float = setting(
         0.05,
         "how long a request waits for the rate-limit store (Redis); past it the limits are off "
-        "(requests pass; `/readyz` says `rateLimits: \"off\"`) until the store answers again",
+        '(requests pass; `/readyz` says `rateLimits: "off"`) until the store answers again',
         env="RATE_LIMIT_STORE_TIMEOUT_SECONDS",
     )
     # Requests without a valid token, per client address (app/http/address_budget.py).

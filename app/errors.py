@@ -56,4 +56,3 @@ class Unavailable(DomainError):
 
 class Internal(DomainError):
     code = "INTERNAL"
-

@@ -157,9 +157,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 allow_origins=list(settings.allowed_origins),
                 allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                 allow_headers=["authorization", "content-type", "accept"],
-                expose_headers=["retry-after", "x-request-id", "x-ratelimit-limit",
-                                "x-ratelimit-remaining", "x-ratelimit-used",
-                                "x-ratelimit-reset", "x-ratelimit-resource"],
+                expose_headers=[
+                    "retry-after",
+                    "x-request-id",
+                    "x-ratelimit-limit",
+                    "x-ratelimit-remaining",
+                    "x-ratelimit-used",
+                    "x-ratelimit-reset",
+                    "x-ratelimit-resource",
+                ],
                 max_age=600,
             ),
         )

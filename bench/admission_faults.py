@@ -118,9 +118,7 @@ async def bad_tokens(url: str) -> None:
 
 
 async def latencies(url: str, store: str, token: str, label: str) -> None:
-    settings = Settings(
-        database_url=url, rate_limit_requests=1000, rate_limit_storage_url=store
-    )
+    settings = Settings(database_url=url, rate_limit_requests=1000, rate_limit_storage_url=store)
     async with serving(settings) as client:
         took: list[float] = []
         for _ in range(40):

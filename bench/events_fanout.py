@@ -119,7 +119,6 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-
 async def wait_healthy(address: str) -> None:
     async with httpx.AsyncClient() as client:
         for _ in range(300):

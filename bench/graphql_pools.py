@@ -247,7 +247,6 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-
 def machine_busy_s() -> float:
     """CPU seconds the whole machine spent busy (all cores; idle and iowait excluded)."""
     with open("/proc/stat") as f:

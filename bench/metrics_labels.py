@@ -270,9 +270,7 @@ def phase(
     `path` (`/metrics`: they scrape) closed-loop."""
     before_cpu, before_busy, before_children = cpu_s(pid), machine_busy_s(), children_cpu_s()
     scrapers = (
-        run_wrk(
-            wrk, SCRAPE_LUA, f"http://{address}{path}", connections=loops, seconds=seconds + 1
-        )
+        run_wrk(wrk, SCRAPE_LUA, f"http://{address}{path}", connections=loops, seconds=seconds + 1)
         if loops
         else None
     )
@@ -376,9 +374,7 @@ def measure(args: argparse.Namespace, url: str, site: str, admin: str, viewer: s
         # Last, a control: the same 4 loops on /livez (the cheapest unauthenticated path),
         # what any flood of that rate costs the others, whatever it asks for.
         for loops, path in ((0, ""), (1, "/metrics"), (4, "/metrics"), (4, "/livez")):
-            done = phase(
-                wrk.executable, address, process.pid, viewer, loops, args.seconds, path
-            )
+            done = phase(wrk.executable, address, process.pid, viewer, loops, args.seconds, path)
             if path != "/livez":
                 phases.append(done)
             cores = os.cpu_count() or 1

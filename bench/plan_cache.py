@@ -68,7 +68,8 @@ def distinct_query(n: int, name: str | None = "Dashboard") -> str:
     aliased = [f"{tag}_{f}_{i}: {f}" for i, f in enumerate(_POOL_FIELDS)]
     node = (
         " ".join(aliased[:10])
-        + " " + " ".join(_POOL_FIELDS)
+        + " "
+        + " ".join(_POOL_FIELDS)
         + f" {tag}_quotas: quotas {{ resource max used poolId"
         " grant { via tenantId includeDescendants priority offeredAt } }"
         f" {tag}_capacity: capacity {{ resource total allocatable booked available }}"
@@ -242,15 +243,19 @@ async def run(
                 # Warm-up: the same dashboard, plain then compiled, on every connection.
                 for _ in range(5):
                     await asyncio.gather(*(ask(WARM_UP) for _ in range(concurrency * 2)))
-                print(f"server: {repo} (pid {process.pid}); {queries} distinct queries of "
-                      f"{len(distinct_query(0))} chars, each twice, {concurrency} at a time, "
-                      f"{'distinct operation names' if distinct_names else 'one operation name'}")
+                print(
+                    f"server: {repo} (pid {process.pid}); {queries} distinct queries of "
+                    f"{len(distinct_query(0))} chars, each twice, {concurrency} at a time, "
+                    f"{'distinct operation names' if distinct_names else 'one operation name'}"
+                )
                 before = status_kb(process.pid)
                 metrics_before = await scrape(client, base)
                 backends_before = await backends(url)
                 cpu_before = cpu_s(process.pid)
-                texts = [distinct_query(n, None if distinct_names else "Dashboard")
-                         for n in range(queries)]
+                texts = [
+                    distinct_query(n, None if distinct_names else "Dashboard")
+                    for n in range(queries)
+                ]
                 started = time.monotonic()
                 sent = 0
                 for i in range(0, queries, concurrency):
@@ -272,8 +277,10 @@ async def run(
                 process.wait(15)
             except subprocess.TimeoutExpired:
                 process.kill()
-    print(f"sent {sent} distinct queries ({2 * sent} requests) in {elapsed:.1f} s, "
-          f"{failures} failed; server CPU {cpu:.1f} s")
+    print(
+        f"sent {sent} distinct queries ({2 * sent} requests) in {elapsed:.1f} s, "
+        f"{failures} failed; server CPU {cpu:.1f} s"
+    )
     grown = after.get("VmRSS", 0) - before.get("VmRSS", 0)
     print(
         f"service RSS: before {_mib(before.get('VmRSS', 0))}, after {_mib(after.get('VmRSS', 0))}"
@@ -313,5 +320,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

@@ -98,6 +98,7 @@ async def _attack(conn: Connection, address: str, token: str, sockets: int, per:
             init = {"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}
             await ws.send(orjson.dumps(init).decode())
             assert orjson.loads(await ws.recv())["type"] == "connection_ack"
+
             async def subscribe(operation_id: str) -> None:
                 message = {"id": operation_id, "type": "subscribe", "payload": {"query": WITH_POOL}}
                 await ws.send(orjson.dumps(message).decode())

@@ -20,9 +20,7 @@ class CostBudget(SchemaExtension):
         execution = self.execution_context
         context = execution.context
         if not execution.pre_execution_errors and isinstance(context, Context):
-            limiter: RateLimiter | None = getattr(
-                context.request.app.state, "rate_limiter", None
-            )
+            limiter: RateLimiter | None = getattr(context.request.app.state, "rate_limiter", None)
             if limiter is not None and limiter.cost is not None and context.cost is not None:
                 try:
                     principal = await context.principal()

@@ -146,9 +146,7 @@ class Subscription:
         ctx = info.context
         principal = await ctx.principal()
         arguments = {"tenantId": tenant_id, "poolId": pool_id, "types": types, "after": after}
-        inp = parse_input(
-            PoolEventsInput, {k: v for k, v in arguments.items() if v is not None}
-        )
+        inp = parse_input(PoolEventsInput, {k: v for k, v in arguments.items() if v is not None})
         subscription = await ctx.capacity.open_pool_events(principal, inp)
         _close_when_evicted(subscription, ctx.request)
         tenant = subscription.filter.actor.tenant_id

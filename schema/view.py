@@ -227,9 +227,7 @@ class GraphQLView(GraphQL[Context, None]):
         key = (query, name)
         plan = self.compiled.plan(query, name)
         try:
-            prepared = (
-                self.compiled.prepare(plan, variables, context.capacity) if plan else None
-            )
+            prepared = self.compiled.prepare(plan, variables, context.capacity) if plan else None
         except GraphQLError:  # an argument that does not coerce: the plain path says so
             prepared = None
         if prepared is None:

@@ -57,6 +57,7 @@ TRY_AGAIN_LATER: Final = 1013
 class BackendUnavailable(Exception):
     """on_ws_connect could not authenticate: the database or broker is out of reach."""
 
+
 _LEGACY_TYPES: Final = frozenset({"connection_init", "connection_terminate", "start", "stop"})
 
 

@@ -129,8 +129,7 @@ async def leaked_tasks_fail() -> AsyncIterator[None]:
     _, stuck = await asyncio.wait(leaked, timeout=LEAK_CANCEL_S)
     detail = f"; {len(stuck)} ignored cancellation" if stuck else ""
     pytest.fail(
-        f"the test left {len(names)} task(s) running (cancelled now{detail}): "
-        + ", ".join(names),
+        f"the test left {len(names)} task(s) running (cancelled now{detail}): " + ", ".join(names),
         pytrace=False,
     )
 

@@ -244,4 +244,3 @@ def readable_event(
         data = {**event.data, "removedTenantIds": [t for t in removed if t in lineage]}
         return dataclasses.replace(event, data=data)
     return event
-

@@ -57,9 +57,7 @@ async def read_parts(
     when the rows are already known (a write read them in its transaction)."""
     if quotas is None:
         quotas = await effective_quotas(executor, views) if "quotas" in parts else {}
-    capacity_denials = {
-        v.id: capacity_denied(principal, v) for v in views if "capacity" in parts
-    }
+    capacity_denials = {v.id: capacity_denied(principal, v) for v in views if "capacity" in parts}
     # Only an owned pool has offers (or lending) to show; any other has none, no error.
     offer_denials = {
         v.id: offers_denied(principal, v)

@@ -80,8 +80,9 @@ async def _refuse_if_full_now(
     a refusal is taken from this read: a booking that fits is still decided by the guarded
     UPDATEs below."""
     headroom = union_all(
-        select(literal("quota").label("limit"), QuotaRow.resource, QuotaRow.max - QuotaRow.used)
-        .where(
+        select(
+            literal("quota").label("limit"), QuotaRow.resource, QuotaRow.max - QuotaRow.used
+        ).where(
             QuotaRow.pool_id == pool_id,
             QuotaRow.tenant_id == quota_tenant,
             QuotaRow.resource.in_(resources),

@@ -209,9 +209,7 @@ class Capacity:
     async def capacity(
         self, principal: Principal, inp: CapacityInput, *, reads: ReadScope | None = None
     ) -> tuple[CapacityView, ...]:
-        return await self._read(
-            reads, lambda conn: pool_reads.pool_capacity(conn, principal, inp)
-        )
+        return await self._read(reads, lambda conn: pool_reads.pool_capacity(conn, principal, inp))
 
     async def list_quotas(
         self, principal: Principal, inp: ListQuotasInput, *, reads: ReadScope | None = None
@@ -294,9 +292,7 @@ class Capacity:
     async def explain_access(
         self, principal: Principal, inp: ExplainAccessInput, *, reads: ReadScope | None = None
     ) -> AccessExplanation:
-        return await self._read(
-            reads, lambda conn: explain.explain_access(conn, principal, inp)
-        )
+        return await self._read(reads, lambda conn: explain.explain_access(conn, principal, inp))
 
     async def lending(
         self, principal: Principal, inp: LendingInput, *, reads: ReadScope | None = None

@@ -89,9 +89,7 @@ class RoleBinding(Base):
     conditions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # Written by every change (onupdate) and indexed: each serve process looks for the
     # bindings changed lately, so open subscriptions follow a rebinding (app/iam/bindings.py).
-    updated_at: Mapped[datetime | None] = mapped_column(
-        default=utcnow, onupdate=utcnow, index=True
-    )
+    updated_at: Mapped[datetime | None] = mapped_column(default=utcnow, onupdate=utcnow, index=True)
 
 
 class ApiToken(Base):

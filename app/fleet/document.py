@@ -90,9 +90,7 @@ def check_json_depth(text: str, source: str, bounds: FileBounds) -> None:
 
 
 def _too_deep(bounds: FileBounds) -> str:
-    return (
-        f"nested deeper than {bounds.max_depth} levels (BETTERCOMPUTE_FLEET_FILE_MAX_DEPTH)"
-    )
+    return f"nested deeper than {bounds.max_depth} levels (BETTERCOMPUTE_FLEET_FILE_MAX_DEPTH)"
 
 
 class PythonEvents(Reader, Scanner, Parser):

@@ -46,9 +46,7 @@ class LiveBinding:
 class LiveBindings:
     def __init__(self) -> None:
         # Held only by the streams that use them: a caller's entry goes with its last one.
-        self._live: weakref.WeakValueDictionary[str, LiveBinding] = (
-            weakref.WeakValueDictionary()
-        )
+        self._live: weakref.WeakValueDictionary[str, LiveBinding] = weakref.WeakValueDictionary()
         self._newest: datetime | None = None  # the newest updated_at read so far
         self.rebindings = 0  # live bindings replaced so far (for tests and logs)
 

@@ -40,9 +40,9 @@ def decide_acting_for(principal: Principal, tenant_id: str) -> None:
 
 def may_act(principal: Principal, tenant_id: str, permission: str) -> bool:
     """decide_tenant's rule as a test, for a decision made again per event."""
-    return (
-        principal.tenant_id == tenant_id or principal.is_fleet_admin
-    ) and principal.has(permission)
+    return (principal.tenant_id == tenant_id or principal.is_fleet_admin) and principal.has(
+        permission
+    )
 
 
 def decide_tenant(principal: Principal, tenant_id: str, permission: str) -> None:

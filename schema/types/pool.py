@@ -39,7 +39,7 @@ class PoolFields:
     viewer_tenant_id: str = strawberry.field(
         description="The tenant whose view this is: the acting tenant (`tenantId` of the "
         "read), for an OfferedPool the offered tenant. A client acting for several tenants "
-        "keys pools by `id` and `viewerTenantId` (docs/graphql.md, \"Client caches\")."
+        'keys pools by `id` and `viewerTenantId` (docs/graphql.md, "Client caches").'
     )
     tenant_id: str = strawberry.field(description="The owner: the tenant that created it.")
     site_id: strawberry.ID = strawberry.field(description="The site whose nodes it groups.")

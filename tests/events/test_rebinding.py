@@ -147,8 +147,6 @@ async def next_event(ws: ClientConnection, protocol: str) -> dict[str, Any]:
     return event
 
 
-
-
 def assert_rescoped(event: dict[str, Any], h100: str) -> None:
     """The first event after the rebinding: the H100 pool's, as a narrowed viewer sees it."""
     assert (event["type"], event["poolId"]) == ("pool.updated", h100), event
@@ -201,9 +199,7 @@ async def test_a_rebinding_reaches_open_subscriptions_on_every_process(
         sockets: list[tuple[ClientConnection, str]] = []
         for server in servers:
             for protocol in BOTH:
-                ws = await stack.enter_async_context(
-                    initialised(server.address, protocol, token)
-                )
+                ws = await stack.enter_async_context(initialised(server.address, protocol, token))
                 await send(ws, operation(protocol, "1", EVENTS, after=after))
                 sockets.append((ws, protocol))
         # As admin, every socket is shown both pools.

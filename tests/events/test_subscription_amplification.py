@@ -45,7 +45,7 @@ from tests.support import Fleet
 WITH_POOL = """subscription {
   poolEvents(tenantId: "acme") { cursor type data pool { id version quotas { resource max } } }
 }"""
-LIGHT = 'subscription($t: String!) { poolEvents(tenantId: $t) { cursor type data } }'
+LIGHT = "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type data } }"
 VERSION = 'query($p: ID!) { pool(tenantId: "acme", poolId: $p) { version } }'
 WAIT_S = 60.0
 

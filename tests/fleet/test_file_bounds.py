@@ -25,16 +25,18 @@ ATTACKS = {
     "deep-block.yaml": lambda: "".join(" " * i + "a:\n" for i in range(1_000)),
     "deep.json": lambda: '{"tenants": ' + "[" * 100_000 + "]" * 100_000 + "}",
     # A million aliases, 4 MB: refused by its size before a byte of it is parsed.
-    "million-aliases.yaml": lambda: "tenants: &a [{id: x}]\nsites: ["
-    + ", ".join(["*a"] * 1_000_000)
-    + "]\n",
+    "million-aliases.yaml": lambda: (
+        "tenants: &a [{id: x}]\nsites: [" + ", ".join(["*a"] * 1_000_000) + "]\n"
+    ),
     # The same idea within the size bound: 200,000 aliases, 0.8 MB.
     "aliases.yaml": lambda: "tenants: &a [{id: x}]\nsites: [" + ", ".join(["*a"] * 200_000) + "]\n",
     # Billion laughs: 370 bytes standing for 10^10 nodes.
-    "laughs.yaml": lambda: "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
-    + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
-        for i in range(9)
+    "laughs.yaml": lambda: (
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+            for i in range(9)
+        )
     ),
     # 20 MB of plain, valid-looking YAML.
     "big.yaml": lambda: "tenants:\n" + "".join(f"  - id: t{i}\n" for i in range(1_200_000)),

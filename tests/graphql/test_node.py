@@ -83,7 +83,7 @@ async def test_node_refetches_as_the_callers_own_tenant(api: Api, fleet: Fleet) 
         assert answer["data"] == {"node": None} and "errors" not in answer, (node_id, answer)
     missing = await api.graphql(
         stranger,
-        "query($p: ID!) { pool(tenantId: \"initech\", poolId: $p) { id } }",
+        'query($p: ID!) { pool(tenantId: "initech", poolId: $p) { id } }',
         {"p": pool_id},
     )
     assert missing["errors"][0]["extensions"]["code"] == "NOT_FOUND"

@@ -110,15 +110,23 @@ async def test_distinct_queries_stay_within_the_bounds(
         await api.ok(
             admin,
             "pools/create",
-            {"tenantId": "acme", "siteId": site, "class": "metal-host", "gpuModel": gpu,
-             "ownerQuota": {"gpu": 8}},
+            {
+                "tenantId": "acme",
+                "siteId": site,
+                "class": "metal-host",
+                "gpuModel": gpu,
+                "ownerQuota": {"gpu": 8},
+            },
         )
     compiled = _compiled(app)
-    plans, plan_bytes = (_gauge("bettercompute_compiled_plans"),
-                         _gauge("bettercompute_compiled_plan_bytes"))
-    answered = REGISTRY.get_sample_value(
-        "bettercompute_compiled_reads_total", {"outcome": "answered"}
-    ) or 0.0
+    plans, plan_bytes = (
+        _gauge("bettercompute_compiled_plans"),
+        _gauge("bettercompute_compiled_plan_bytes"),
+    )
+    answered = (
+        REGISTRY.get_sample_value("bettercompute_compiled_reads_total", {"outcome": "answered"})
+        or 0.0
+    )
     for n in range(0, QUERIES, 2):
         for _ in range(2):  # learnt, then answered by its statement (on PostgreSQL)
             replies = await asyncio.gather(
@@ -159,4 +167,3 @@ def test_held_counts_what_is_reached() -> None:
     text = "x" * 10_000
     assert held([text, text, {"k": text}]) < 2 * len(text)  # each object once
     assert held((text, "y" * 10_000)) > 20_000
-

@@ -111,9 +111,11 @@ async def test_the_table_stays_bounded_and_ipv6_counts_by_its_64(database_url: s
                 assert (await get(proxy, None, **{"x-forwarded-for": address})).status_code == 401
         assert len(admission.addresses) <= 100
         # Two hosts of one /64 share an allowance; the next /64 has its own.
-        async with client_at(app, "2001:db8:0:1::1") as one, client_at(
-            app, "2001:db8:0:1:ffff::2"
-        ) as same, client_at(app, "2001:db8:0:2::1") as next_64:
+        async with (
+            client_at(app, "2001:db8:0:1::1") as one,
+            client_at(app, "2001:db8:0:1:ffff::2") as same,
+            client_at(app, "2001:db8:0:2::1") as next_64,
+        ):
             assert [(await get(one, BAD)).status_code for _ in range(2)] == [401, 401]
             assert (await get(same, BAD)).status_code == 429
             assert (await get(next_64, BAD)).status_code == 401
@@ -137,8 +139,9 @@ async def test_x_forwarded_for_is_believed_from_a_trusted_proxy_only(database_ur
             assert fresh.status_code == 401  # another client behind the same proxy
         async with client_at(app, "192.0.2.50") as untrusted:
             statuses = [
-                (await get(untrusted, BAD, **{"x-forwarded-for": f"203.0.113.{100 + n}"}))
-                .status_code
+                (
+                    await get(untrusted, BAD, **{"x-forwarded-for": f"203.0.113.{100 + n}"})
+                ).status_code
                 for n in range(4)
             ]
             assert statuses == [401, 401, 401, 429]  # its own address, whatever it claims

@@ -82,9 +82,7 @@ async def test_every_booking_of_a_quota_race_over_three_processes_is_answered_an
         limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
         clients = [
             await stack.enter_async_context(
-                httpx.AsyncClient(
-                    base_url=f"http://{s.address}", timeout=TIMEOUT_S, limits=limits
-                )
+                httpx.AsyncClient(base_url=f"http://{s.address}", timeout=TIMEOUT_S, limits=limits)
             )
             for s in served
         ]
