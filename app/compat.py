@@ -23,7 +23,7 @@ Both paths also rely on three things no public API offers, checked here as well:
   on graphql-ws then closes 1011, not 4403; no revocation or per-operation checks);
 - graphql-core's messages for a variable that does not coerce and for a document over
   the token limit, the only place it says which input field failed or that the limit was
-  hit: `input_field` and `over_token_limit` read them; if graphql-core words them
+  hit: `input_field` and `token_limit` read them; if graphql-core words them
   otherwise, a warning says so and those errors lose `field` (or RESOURCE_EXHAUSTED);
 - the graphql-core schema inside strawberry's (`_schema`, which strawberry's own
   validation and its ValidationCache read): cost and validation need it, so without it
@@ -241,7 +241,7 @@ def _built(handler: type) -> object:
 # --- graphql-core's messages (schema/errors.py) ---------------------------------------
 
 # A document over the parser's `max_tokens`.
-_TOO_MANY_TOKENS = re.compile(r"Document contains more than \d+ tokens")
+_TOO_MANY_TOKENS = re.compile(r"Document contains more than (\d+) tokens")
 # Variable coercion names the offending input: `has invalid value at .quota[0].max:`,
 # `to include required field 'siteId'`, `not to include unknown field 'priority'`.
 _INPUT_FIELD = (
@@ -260,9 +260,10 @@ def input_field(message: str) -> str | None:
     return None
 
 
-def over_token_limit(message: str) -> bool:
-    """The parser refused the document for its number of tokens."""
-    return _TOO_MANY_TOKENS.search(message) is not None
+def token_limit(message: str) -> int | None:
+    """The token limit the parser refused the document for, or None for any other error."""
+    match = _TOO_MANY_TOKENS.search(message)
+    return int(match.group(1)) if match else None
 
 
 # Variables that do not coerce, and the field each error must name.
@@ -284,7 +285,7 @@ def _messages_problem() -> str | None:
     try:
         parse("{ a b c }", max_tokens=2)
     except GraphQLError as refused:
-        if not over_token_limit(refused.message):
+        if token_limit(refused.message) != 2:
             return f"a document over the token limit reads {refused.message!r}"
         return None
     return "the parser ignored max_tokens"

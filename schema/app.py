@@ -5,7 +5,7 @@ and with the fast executor when app/compat.py finds it can run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -75,7 +75,7 @@ def _build(
             hide_suggestions=not introspection,
         ),
         # The same query text is parsed once (limits apply: max_tokens is in the key).
-        lambda: ParserCache(maxsize=DOCUMENT_CACHE_SIZE),
+        lambda: ReportingParserCache(maxsize=DOCUMENT_CACHE_SIZE),
         CostBudget,  # after the limits: charges the cost they computed, before execution
         ErrorCodes,
     ]
@@ -107,6 +107,24 @@ def _build(
     )
     graphql_core_schema(built)  # the limits need it: refuse to start without it
     return built
+
+
+class ReportingParserCache(ParserCache):
+    """strawberry's ParserCache, but a text that does not parse (a syntax error, the token
+    limit) is left to strawberry's own parse, inside its error handling, which reports
+    it as the operation's error on every transport: raised from this hook, it escaped
+    the websocket stream (a bare `complete` and a traceback). The second parse stops
+    where the first did, at the token limit at the latest."""
+
+    def on_parse(self) -> Iterator[None]:
+        context = self.execution_context
+        try:
+            context.graphql_document = self.cached_parse_document(
+                context.query, **context.parse_options
+            )
+        except GraphQLError:
+            context.graphql_document = None
+        yield
 
 
 def build_schema(

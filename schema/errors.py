@@ -24,7 +24,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.types.execution import StreamExecutionResult
 
 from app.capacity.policy import secret_field_names
-from app.compat import input_field, over_token_limit
+from app.compat import input_field, token_limit
 from app.db.errors import to_domain_error
 from app.errors import DomainError
 
@@ -66,8 +66,10 @@ def coded(error: GraphQLError) -> GraphQLError:
         domain = to_domain_error(original)  # a failure outside any field, e.g. in a hook
         return with_code(error, domain.code, domain.message, **domain.details)
     # graphql-core says which limit or input field only in its messages (app/compat.py).
-    if over_token_limit(error.message):
-        return with_code(error, RESOURCE_EXHAUSTED, error.message, limit="tokens")
+    tokens = token_limit(error.message)
+    if tokens is not None:  # graphql-core words it as a syntax error; it is a limit
+        message = f"the document has more than {tokens} tokens, the most a document may have"
+        return with_code(error, RESOURCE_EXHAUSTED, message, limit="tokens", max=tokens)
     field = input_field(error.message)
     details = {"field": field} if field else {}
     return with_code(error, INVALID_INPUT, without_secrets(error.message), **details)

@@ -54,10 +54,12 @@ from schema.limits import MAX_REPORTED_COST, operation_cost
 from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
 from schema.websockets import (
+    REFUSAL,
     BackendUnavailable,
     LegacyWSHandler,
     TextFrames,
     TransportWSHandler,
+    refusal_reason,
 )
 
 logger = logging.getLogger(__name__)
@@ -392,6 +394,7 @@ class GraphQLView(GraphQL[Context, None]):
             error = to_domain_error(exc)  # logs what it masks
             if error.code == "UNAVAILABLE":
                 raise BackendUnavailable(error.message) from None
+            setattr(context.request.state, REFUSAL, refusal_reason(error))  # the close's reason
             raise ConnectionRejectionError(
                 {"message": error.message, "extensions": {"code": error.code}}
             ) from None

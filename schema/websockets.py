@@ -76,9 +76,28 @@ class TextFrames(ASGIWebSocketAdapter):
             raise WebSocketDisconnected from exc
 
     async def close(self, code: int, reason: str) -> None:
-        """Once: the revocation watcher may close a socket its handler is closing."""
+        """Once: the revocation watcher may close a socket its handler is closing. A
+        refused connection_init closes with the reason `on_ws_connect` left in the
+        connection's state (strawberry says only "Forbidden")."""
+        if code == FORBIDDEN:
+            reason = getattr(self.ws.state, REFUSAL, None) or reason
         if self.ws.application_state != WebSocketState.DISCONNECTED:
             await self.ws.close(code=code, reason=reason)
+
+
+# Every bad token closes with the same reason, unknown, expired or revoked (at connect or
+# while open) alike, so that the reason tells nothing about the token (docs/events.md).
+BAD_TOKEN = "Unauthenticated: the token is not valid"
+REFUSAL = "bettercompute_refusal"  # where on_ws_connect leaves a refusal's close reason
+
+
+def refusal_reason(error: DomainError) -> str:
+    """The close reason (4403) of a connection_init that `error` refused."""
+    if isinstance(error, Unauthenticated):
+        return BAD_TOKEN
+    if error.code == "RESOURCE_EXHAUSTED":  # the per-address allowance (app/http/admission.py)
+        return "Too many attempts without a valid token from this address; retry later"
+    return "Forbidden"
 
 
 def _coded(message: str, code: str) -> GraphQLFormattedError:
@@ -145,7 +164,7 @@ class RevocableConnection:
             self._token_hash = None
 
     async def close_revoked(self) -> None:
-        await self.websocket.close(code=FORBIDDEN, reason="Forbidden: token revoked")
+        await self.websocket.close(code=FORBIDDEN, reason=BAD_TOKEN)
 
     async def _recheck_token(self) -> DomainError | None:
         """Before each operation, its admission (app/http/admission.py): the token checked
@@ -343,7 +362,7 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
         if message["type"] == "connection_error" and message.get("payload") is not None:
             # strawberry's answer to a rejected connection_init (a bad token); it closes
             # with 1011 next, which TextFrames ignores once this has closed the socket.
-            await self.websocket.close(code=FORBIDDEN, reason="Forbidden")
+            await self.websocket.close(code=FORBIDDEN, reason="Forbidden")  # or the refusal
 
     async def handle_start(self, message: legacy_ws.StartMessage) -> None:
         if self.connection_acknowledged:
