@@ -4,7 +4,7 @@ Every field is one setting with its description; its environment variable is
 `BETTERCOMPUTE_<FIELD>` unless `env=` names another (kept as the names were before the
 class existed). `Settings(...)` is the defaults plus what is passed, nothing read from
 the environment (tests build it so); `Settings.from_env()` reads the environment.
-README's configuration table is generated from this class (scripts/settings-table).
+docs/operations.md's settings table is generated from this class (scripts/settings-table).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class Settings(BaseSettings):
         "when empty",
     )
     # The database connection budget per process and how long anything may wait on the
-    # database (README "Connection budget"); past a bound a request answers UNAVAILABLE.
+    # database (docs/operations.md "Connection budget"); past a bound a request answers UNAVAILABLE.
     db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
     db_direct_pool_size: int = setting(
         10,

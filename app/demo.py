@@ -115,9 +115,9 @@ async def _book_reservations(
 
 
 def _hints(tokens: dict[str, str], url: str) -> dict[str, Any]:
-    # No `-s`: pasted while nothing listens there, curl says so instead of printing nothing.
+    # -sS: no progress meter, but an error (nothing listening there) is still printed.
     return {
-        "try": f"curl -X POST {url}/api/compute/pools/list "
+        "try": f"curl -sS -X POST {url}/api/compute/pools/list "
         f"-H 'authorization: Bearer {tokens.get('globex-admin', '<token>')}' "
         "-H 'content-type: application/json' -d '{\"tenantId\": \"globex\"}'",
         "graphiql": f"{url}/graphql",

@@ -264,3 +264,12 @@ def test_caller_help_names_every_role_and_where_key(capsys: pytest.CaptureFixtur
     assert "(default: 127.0.0.1)" in _help(capsys, "serve")  # defaults are shown
     top = _help(capsys)
     assert "bettercompute serve --demo" in top and "GPU pools" in top
+
+
+def test_the_readme_shows_the_revision_db_upgrade_prints(fresh_database_url: str) -> None:
+    import re
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    shown = re.search(r'bettercompute db upgrade +# \{"revision": "(\d+)"\}', readme)
+    assert shown is not None
+    assert out(fresh_database_url, "db", "upgrade") == {"revision": shown.group(1)}

@@ -47,7 +47,7 @@ class Budget:
     quota: int
 
     def per_process(self) -> int:
-        """pool + overflow + the broker's LISTEN connection (README "Connection budget")."""
+        """pool + overflow + the broker's LISTEN (docs/operations.md "Connection budget")."""
         return (self.pool_size or 10) + (self.max_overflow or 10) + 1
 
 

@@ -1,5 +1,5 @@
 """Settings: one pydantic-settings class; every environment name that worked before still
-does; README's table is the one generated from the class."""
+does; docs/operations.md's table is the one generated from the class."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from app import config_env
 from app.config import Settings
-from app.settings_table import README, readme_with_table
+from app.settings_table import OPERATIONS, with_table
 
 # Every variable as it was named before the class, with a value other than the default.
 ENVIRONMENT = {
@@ -73,8 +73,8 @@ def test_settings_are_frozen_and_hashable() -> None:
 
 def test_every_setting_is_described_and_readme_has_the_generated_table() -> None:
     assert all(field.description for field in Settings.model_fields.values())
-    text = README.read_text()
-    assert readme_with_table(text) == text, "run scripts/settings-table --write"
+    text = OPERATIONS.read_text()
+    assert with_table(text) == text, "run scripts/settings-table --write"
     for field in Settings.model_fields:
         assert f"`{Settings.env_name(field)}`" in text
 

@@ -1,4 +1,4 @@
-"""Every size the domain accepts has a bound (app/capacity/bounds.py, README "Bounds").
+"""Every size the domain accepts has a bound (app/capacity/bounds.py).
 
 A quota map holds at most MAX_RESOURCES resources; a tenant holds at most MAX_RESOURCES
 quota rows on one pool across successive offers (rows not named keep their value); a pool
