@@ -56,3 +56,20 @@ class Unavailable(DomainError):
 
 class Internal(DomainError):
     code = "INTERNAL"
+
+
+# CONTRACT section 3's codes, in its order: every `code` a DomainError may carry.
+CODES: tuple[str, ...] = tuple(
+    error.code
+    for error in (
+        InvalidInput,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        Conflict,
+        InvalidState,
+        ResourceExhausted,
+        Unavailable,
+        Internal,
+    )
+)

@@ -41,6 +41,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.errors import CODES
+
 REQUESTS = Histogram(
     "bettercompute_request_duration_seconds",
     "Requests by transport (rest, graphql) and method or GraphQL operation name, with "
@@ -142,22 +144,11 @@ RATE_LIMITS_ENFORCED = Gauge(
 OTHER = "other"
 TRANSPORTS = frozenset({"rest", "graphql", "http"})
 # CONTRACT section 3, and the persisted-query refusals (schema/persisted.py).
-ERROR_CODES = frozenset(
-    {
-        "INVALID_INPUT",
-        "UNAUTHENTICATED",
-        "PERMISSION_DENIED",
-        "NOT_FOUND",
-        "CONFLICT",
-        "INVALID_STATE",
-        "RESOURCE_EXHAUSTED",
-        "UNAVAILABLE",
-        "INTERNAL",
-        "PERSISTED_QUERY_NOT_FOUND",
-        "PERSISTED_QUERY_NOT_SUPPORTED",
-        "PERSISTED_QUERY_NOT_ALLOWED",
-    }
-)
+ERROR_CODES = frozenset(CODES) | {
+    "PERSISTED_QUERY_NOT_FOUND",
+    "PERSISTED_QUERY_NOT_SUPPORTED",
+    "PERSISTED_QUERY_NOT_ALLOWED",
+}
 
 
 class OperationNames:

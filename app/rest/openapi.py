@@ -6,6 +6,7 @@ from functools import cache
 from typing import Any
 
 from app.catalog import METHODS
+from app.errors import CODES
 
 _QUOTA = {
     "type": "object",
@@ -163,19 +164,7 @@ _COMPONENTS: dict[str, Any] = {
                 "type": "object",
                 "required": ["code", "message", "details"],
                 "properties": {
-                    "code": {
-                        "enum": [
-                            "INVALID_INPUT",
-                            "UNAUTHENTICATED",
-                            "PERMISSION_DENIED",
-                            "NOT_FOUND",
-                            "CONFLICT",
-                            "INVALID_STATE",
-                            "RESOURCE_EXHAUSTED",
-                            "UNAVAILABLE",
-                            "INTERNAL",
-                        ]
-                    },
+                    "code": {"enum": list(CODES)},
                     "message": {"type": "string"},
                     "details": {"type": "object"},
                 },

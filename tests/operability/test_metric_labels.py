@@ -11,6 +11,7 @@ import secrets
 import httpx
 
 from app.catalog import METHODS
+from app.metrics import ERROR_CODES
 from tests.events.processes import bettercompute_serve
 from tests.operability.scrape import parse
 from tests.support import Fleet
@@ -23,21 +24,7 @@ REST_OPERATIONS = {m.path.removeprefix("/api/compute/") for m in METHODS} | {"ca
 ALLOWED: dict[str, set[str]] = {
     "transport": {"rest", "graphql", "http", "none", "other"},
     # CONTRACT section 3, and the persisted-query refusals.
-    "code": {
-        "INVALID_INPUT",
-        "UNAUTHENTICATED",
-        "PERMISSION_DENIED",
-        "NOT_FOUND",
-        "CONFLICT",
-        "INVALID_STATE",
-        "RESOURCE_EXHAUSTED",
-        "UNAVAILABLE",
-        "INTERNAL",
-        "PERSISTED_QUERY_NOT_FOUND",
-        "PERSISTED_QUERY_NOT_SUPPORTED",
-        "PERSISTED_QUERY_NOT_ALLOWED",
-        "other",
-    },
+    "code": set(ERROR_CODES) | {"other"},
     "outcome": {"answered", "declined", "commit", "rollback"},
     "role": {"writer", "reader"},
     "budget": {"requests", "cost"},
