@@ -207,8 +207,20 @@ def test_a_row_write_that_cannot_take_the_write_lock_is_unavailable(
     assert out(url, "tenant", "create", "acme") == {"tenantId": "acme"}
 
 
-def _stamp_0002(connection: Connection) -> None:
-    command.upgrade(alembic_config(connection), "0002")
+async def _migrated_to(path: Path, revision: str) -> str:
+    """An embedded database at `path` migrated only as far as `revision`; its URL."""
+    url = f"sqlite+aiosqlite:///{path}"
+    engine = create_async_engine(url, poolclass=NullPool)
+
+    def upgrade(connection: Connection) -> None:
+        command.upgrade(alembic_config(connection), revision)
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(upgrade)
+    finally:
+        await engine.dispose()
+    return url
 
 
 @pytest.mark.parametrize("dialect", ["sqlite"])
@@ -216,13 +228,7 @@ async def test_an_embedded_database_behind_head_is_migrated_by_any_command(
     tmp_path: Path, dialect: str
 ) -> None:
     path = tmp_path / "old.db"
-    url = f"sqlite+aiosqlite:///{path}"
-    engine = create_async_engine(url, poolclass=NullPool)
-    try:
-        async with engine.begin() as connection:
-            await connection.run_sync(_stamp_0002)
-    finally:
-        await engine.dispose()
+    url = await _migrated_to(path, "0002")
 
     assert out(url, "tenant", "create", "acme") == {"tenantId": "acme"}
     with sqlite3.connect(path) as conn:
@@ -269,22 +275,12 @@ def test_read_only_commands_write_no_database(tmp_path: Path) -> None:
     assert [p["name"] for p in yaml.safe_load(exported.stdout)["pools"]] == ["h100"]
 
 
-def _stamp_0004(connection: Connection) -> None:
-    command.upgrade(alembic_config(connection), "0004")
-
-
 @pytest.mark.parametrize("dialect", ["sqlite"])
 async def test_a_dry_run_on_a_file_behind_head_leaves_it_behind(
     tmp_path: Path, dialect: str
 ) -> None:
     path = tmp_path / "old.db"
-    url = f"sqlite+aiosqlite:///{path}"
-    engine = create_async_engine(url, poolclass=NullPool)
-    try:
-        async with engine.begin() as connection:
-            await connection.run_sync(_stamp_0004)
-    finally:
-        await engine.dispose()
+    url = await _migrated_to(path, "0004")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET)
 
