@@ -424,22 +424,23 @@ class _Apply:
         if not await self._quota_differs(pool.id, pool.tenant_id, entry.quota):
             return []
         own = await self.session.get_one(Offer, (pool.id, pool.tenant_id))
-        await offers.offer_pool(
-            self.uow,
-            OPERATOR,
-            parse_input(
-                OfferPoolInput,
-                {
-                    "tenantId": entry.tenant,
-                    "poolId": pool.id,
-                    "toTenantId": pool.tenant_id,
-                    "quota": entry.quota,
-                    "includeDescendants": own.include_descendants,  # the owner's flags stay
-                    "priority": own.priority,
-                },
-            ),
-        )
+        # The owner's flags stay.
+        await self._offer(pool, pool.tenant_id, entry.quota, own.include_descendants, own.priority)
         return ["quota"]
+
+    async def _offer(
+        self, pool: Pool, to: str, quota: dict[str, int], include_descendants: bool, priority: int
+    ) -> None:
+        """The domain's offer, made by the fleet admin as the file says."""
+        body = {
+            "tenantId": pool.tenant_id,
+            "poolId": pool.id,
+            "toTenantId": to,
+            "quota": quota,
+            "includeDescendants": include_descendants,
+            "priority": priority,
+        }
+        await offers.offer_pool(self.uow, OPERATOR, parse_input(OfferPoolInput, body))
 
     async def _offers(self, path: str, entry: PoolEntry, pool: Pool) -> None:
         current = {
@@ -458,20 +459,8 @@ class _Apply:
                 had = current.pop(offer.tenant, None)
                 differs = had is None or await self._offer_differs(pool.id, had, offer)
                 if differs:
-                    await offers.offer_pool(
-                        self.uow,
-                        OPERATOR,
-                        parse_input(
-                            OfferPoolInput,
-                            {
-                                "tenantId": entry.tenant,
-                                "poolId": pool.id,
-                                "toTenantId": offer.tenant,
-                                "quota": offer.quota,
-                                "includeDescendants": offer.include_descendants,
-                                "priority": offer.priority,
-                            },
-                        ),
+                    await self._offer(
+                        pool, offer.tenant, offer.quota, offer.include_descendants, offer.priority
                     )
             except DomainError as exc:
                 raise located(exc, f"{path}.offers[{j}]") from None
