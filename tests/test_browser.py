@@ -342,3 +342,25 @@ def test_graphiql_takes_a_token_refetches_the_schema_and_runs_its_dashboard_quer
     assert page.get_by_label("Authorization token").input_value() == token
     assert blocked == []
     assert csp_violations(page, page.console_lines) == []
+
+
+def test_graphiql_refetches_the_schema_when_the_headers_pane_changes(
+    demo: tuple[str, dict[str, Any]], browser: Any
+) -> None:
+    """A token typed into the headers pane instead: Docs shows the schema without the
+    re-fetch icon being pressed."""
+    base, seeded = demo
+    token = seeded["tokens"]["acme-admin"]
+    page, blocked = offline_page(browser, base)
+    page.goto(f"{base}/graphql")
+    page.wait_for_selector(".graphiql-container .graphiql-editors", timeout=15_000)
+    page.click("button[aria-label='Show Documentation Explorer']")
+    docs = page.locator(".graphiql-doc-explorer")
+    docs.get_by_text("Error fetching schema").wait_for(timeout=15_000)  # no token yet
+    page.locator(".graphiql-editor-tools").get_by_text("Headers", exact=True).click()
+    page.click(".graphiql-editor-tool .graphiql-editor:not(.hidden) .CodeMirror")
+    page.keyboard.insert_text(json.dumps({"Authorization": f"Bearer {token}"}))
+    docs.get_by_text("Root Types").wait_for(timeout=15_000)
+    assert "Error fetching schema" not in docs.inner_text()
+    assert blocked == []
+    assert csp_violations(page, page.console_lines) == []
