@@ -194,7 +194,7 @@ class Settings(BaseSettings):
         "", "the Apollo persisted query manifest (JSON) of the allowlist mode"
     )
     web_assets_dir: str = setting(
-        "", "where `scripts/web-assets` put GraphiQL's assets (empty: web/node_modules)"
+        "", "a node_modules holding GraphiQL's assets (empty: the copies the package ships)"
     )
 
     # Fleet files (`bettercompute apply -f`, app/fleet/document.py): refused past these

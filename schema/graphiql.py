@@ -1,8 +1,11 @@
-"""GraphiQL with no internet access: strawberry's page, its CDN URLs pointed at
-`/assets/`, which serves the same pinned files from `web/node_modules` (`npm ci` in web/,
-versions in web/package.json). The page keeps its subresource-integrity hashes, so the
-browser checks that each local file is the exact pinned build. Licences are served
-beside them: `/assets/<package>@<version>/LICENSE`."""
+"""GraphiQL with no internet access: strawberry's page (schema/graphiql.html, with a
+labeled token field, the schema refetched when the token or headers change, and an example
+dashboard query), its CDN URLs pointed at `/assets/`, which serves the same pinned files
+from schema/graphiql_assets/: copies of web/node_modules' files (web/package-lock.json's
+versions), committed and packaged, so every installation works offline
+(scripts/graphiql-assets regenerates them). The page keeps its subresource-integrity
+hashes, so the browser checks that each local file is the exact pinned build. Licences are
+served beside them: `/assets/<package>@<version>/LICENSE`."""
 
 from __future__ import annotations
 
@@ -18,21 +21,23 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
-from strawberry.http.ides import get_graphql_ide_html
 
 logger = logging.getLogger(__name__)
 
 CDN = "https://unpkg.com/"
 ASSETS = "/assets/"
-DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[1] / "web" / "node_modules"
+# Laid out like node_modules (<package>/package.json and the served files): the setting
+# `web_assets_dir` may point at a node_modules instead.
+DEFAULT_ASSETS_DIR = Path(__file__).resolve().parent / "graphiql_assets"
+TEMPLATE = Path(__file__).resolve().parent / "graphiql.html"
 _ASSET_URL = re.compile(r"https://unpkg\.com/((?:@[\w.-]+/)?[\w.-]+)@([\w.-]+)/([\w./-]+)")
 
 
 def graphiql_html(assets_dir: str) -> str:
     """The page on local assets when every pinned package is installed; otherwise
-    strawberry's own page on the CDN (a deployment without `scripts/web-assets`), which
-    still works with internet access."""
-    html = get_graphql_ide_html(graphql_ide="graphiql")
+    the page on the CDN (a `web_assets_dir` without them), which still works with internet
+    access."""
+    html = _template()
     root = _root(assets_dir)
     packages = {(package, version) for package, version, _ in served_files()}
     if all(_installed_version(root / package) == version for package, version in packages):
@@ -83,10 +88,15 @@ def _root(assets_dir: str) -> Path:
 def served_files() -> frozenset[tuple[str, str, str]]:
     """(package, version, path) of every file GraphiQL's page loads, and each package's
     licence: nothing else under node_modules is served."""
-    files = set(_ASSET_URL.findall(get_graphql_ide_html(graphql_ide="graphiql")))
+    files = set(_ASSET_URL.findall(_template()))
     for package, version in {(p, v) for p, v, _ in files}:
         files.add((package, version, "LICENSE"))
     return frozenset(files)
+
+
+@cache
+def _template() -> str:
+    return TEMPLATE.read_text()
 
 
 def assets_endpoint(assets_dir: str) -> Callable[[Request], Awaitable[Response]]:

@@ -20,6 +20,7 @@ from app.server import create_app
 from tests.support import Api
 
 BIN = Path(sys.executable).with_name("bettercompute")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(
@@ -273,3 +274,47 @@ def test_the_readme_shows_the_revision_db_upgrade_prints(fresh_database_url: str
     shown = re.search(r'bettercompute db upgrade +# \{"revision": "(\d+)"\}', readme)
     assert shown is not None
     assert out(fresh_database_url, "db", "upgrade") == {"revision": shown.group(1)}
+
+
+def test_scripts_serve_prints_its_json_object_alone_and_needs_no_npm(tmp_path: Path) -> None:
+    """The script as a person runs it, with no npm on PATH: stdout's first line is the
+    demo's JSON object (bootstrap's output goes to stderr), and GraphiQL's page answers
+    on its shipped assets."""
+    port = _free_port()
+    bin_dir = tmp_path / "bin"  # an npm and a node that fail, first on PATH
+    bin_dir.mkdir()
+    for tool in ("npm", "node"):
+        (bin_dir / tool).write_text("#!/bin/sh\necho no $0 >&2\nexit 127\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "BETTERCOMPUTE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/d.db",
+    }
+    server = subprocess.Popen(
+        [str(ROOT / "scripts" / "serve"), "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        hints = json.loads(_first_line(server.stdout, 120))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(hints["graphiql"], headers={"accept": "text/html"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.1)
+        page = httpx.get(hints["graphiql"], headers={"accept": "text/html"})
+        assert page.status_code == 200 and "/assets/graphiql@3.8.3/" in page.text
+        script = hints["graphiql"].replace("/graphql", "/assets/graphiql@3.8.3/graphiql.min.js")
+        assert httpx.get(script).status_code == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        assert server.stdout is not None
+        server.stdout.close()
