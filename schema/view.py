@@ -102,7 +102,7 @@ class GraphQLView(GraphQL[Context, None]):
                 settings.max_query_cost,
                 settings.compiled_plan_cache_bytes,
             )
-            if settings.fast_path
+            if settings.compiled_reads
             else None
         )
 

@@ -41,7 +41,7 @@ def _endpoint(method: Method) -> Any:
         try:
             fast = (
                 compiled is not None
-                and request.app.state.settings.fast_path
+                and request.app.state.settings.compiled_reads
                 and capacity.compiles_reads
             )
             admitted = await admission.admit(
@@ -51,7 +51,7 @@ def _endpoint(method: Method) -> Any:
                 compiled=fast,
             )
             if compiled is not None and admitted.token_hash is not None:
-                await admission.read_body(request, admitted)  # BETTERCOMPUTE_FAST_PATH
+                await admission.read_body(request, admitted)  # BETTERCOMPUTE_COMPILED_READS
                 if admitted.body_error is not None:
                     raise admitted.body_error
                 assert admitted.body is not None
