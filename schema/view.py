@@ -33,7 +33,7 @@ from app.capacity.service import Capacity
 from app.compat import graphql_core_schema
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
-from app.errors import DomainError
+from app.errors import DomainError, Unavailable
 from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
 from app.http.status import http_status, request_failure
@@ -239,6 +239,9 @@ class GraphQLView(GraphQL[Context, None]):
             data = await context.capacity.read_json(
                 admitted.principal, admitted.token_hash, prepared.read, prepared.args
             )
+        except Unavailable as unavailable:
+            # The database is out of reach: the plain path would only wait for it again.
+            return key, refused_with(unavailable, status_code=http_status(unavailable))
         except Exception:  # the plain path meets the same fault and reports it
             logger.debug("compiled read failed; answering on the plain path", exc_info=True)
             _DECLINED.inc()

@@ -21,8 +21,9 @@ its writers or their connections; `empty_tables` ends any PostgreSQL backend sti
 the run's database before the next test starts.
 
 The fast path: on, unless BETTERCOMPUTE_FAST_PATH=false (CI runs the GraphQL and
-websocket suites both ways, .ci/run), or one of its mechanisms is switched off alone. The variable reaches every `Settings(...)` a test
-builds and every `bettercompute serve` it starts (they inherit the environment).
+websocket suites both ways, .ci/run), or one of its mechanisms is switched off alone.
+The variable reaches every `Settings(...)` a test builds and every `bettercompute serve`
+it starts (they inherit the environment).
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@ transaction, in one round trip (the compiled reads, app/capacity/json_reads.py).
 
 SQLAlchemy's pool pings each connection it lends (on asyncpg: BEGIN, a statement,
 ROLLBACK), which costs more than a compiled read itself. These statements need no ping: a
-connection that has died fails the statement, the pool drops it, and the caller answers
-on the plain path, whose pool pings. Bounded like the engines: connect, acquire and
-statement timeouts from the db_* settings; opened on first use, at most `max_size`
+connection that has died fails the statement and the pool drops it (asyncpg reopens a
+connection it saw closed when it is next lent); the caller answers UNAVAILABLE at once
+when the failure is the database being out of reach (app/db/errors.connection_fault:
+a wait that ran out, a connection refused or reset), since the plain path would wait for
+it again, and on the plain path for any other failure. Bounded like the engines: connect,
+acquire and statement timeouts from the db_* settings; opened on first use, at most `max_size`
 connections (README: the connection budget), each keeping at most
 `statements_per_connection` statements prepared (asyncpg's statement cache, least
 recently used deallocated): PostgreSQL keeps each prepared statement's plan in the

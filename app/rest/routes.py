@@ -15,7 +15,7 @@ from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.views import ImpactView
 from app.catalog import METHODS, POOL_METHODS, Method
-from app.errors import InvalidInput
+from app.errors import InvalidInput, Unavailable
 from app.http.admission import Admission
 from app.http.responses import JSONResponse
 from app.iam.callers import authenticate
@@ -91,6 +91,8 @@ async def _compiled_answer(
         return None
     try:
         answer = await capacity.read_json(principal, hashed, read, body)
+    except Unavailable:  # the database is out of reach: the plain path would wait again
+        raise
     except Exception:  # the plain path meets the same fault and reports it
         log.debug("compiled get failed; answering on the plain path", exc_info=True)
         answer = None
