@@ -19,12 +19,29 @@ not accumulate there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from app.metrics import statement_sent
 
 if TYPE_CHECKING:
     import asyncpg
+
+# A span per statement sent to asyncpg itself, outside SQLAlchemy (whose statements
+# app/tracing.py traces by its engine events): app/tracing.py sets it when tracing is on.
+StatementSpan = Callable[[str], AbstractContextManager[object]]
+_statement_span: StatementSpan | None = None
+
+
+def trace_statements(span: StatementSpan | None) -> None:
+    global _statement_span
+    _statement_span = span
+
+
+def traced(sql: str) -> AbstractContextManager[object]:
+    """Around a statement sent to asyncpg directly: its span, when tracing is on."""
+    return nullcontext() if _statement_span is None else _statement_span(sql)
 
 
 async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
@@ -85,7 +102,8 @@ class DirectReads:
         pool = await self._opened()
         async with pool.acquire(timeout=self._acquire_timeout_s) as conn:
             statement_sent()
-            return await conn.fetchval(sql, *params)
+            with traced(sql):
+                return await conn.fetchval(sql, *params)
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
