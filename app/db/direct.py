@@ -102,8 +102,17 @@ class DirectReads:
         pool = await self._opened()
         async with pool.acquire(timeout=self._acquire_timeout_s) as conn:
             statement_sent()
-            with traced(sql):
-                return await conn.fetchval(sql, *params)
+            try:
+                with traced(sql):
+                    return await conn.fetchval(sql, *params)
+            except TimeoutError:
+                # The server did not answer within the statement bound + 1 s (its own
+                # statement_timeout would have): asyncpg sends a cancel request on a new
+                # connection, and lending the connection back waits for it, up to the
+                # command and the acquire timeouts more. The connection is not to be
+                # trusted anyway: dropped, it is not waited for.
+                conn.terminate()
+                raise
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
