@@ -42,7 +42,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from functools import lru_cache
@@ -266,8 +266,10 @@ def graphql_extension() -> Any:
 DECLINED_SPAN = "GraphQL compiled read (declined)"
 
 
-async def compiled_operation(operation_name: str | None, document: Any, read: Awaitable[T]) -> T:
-    """`read` (a compiled read's answer) in the span of the GraphQL operation it answers,
+async def compiled_operation(
+    operation_name: str | None, document: Any, read: Callable[[], Awaitable[T]]
+) -> T:
+    """`read()` (a compiled read's answer) in the span of the GraphQL operation it answers,
     current while it runs (its statement's span goes below it): named as strawberry's
     extension names an operation's, with the same `component` and literal-free `query`.
     Declined (None, or a failure other than a domain error: the plain path answers and
@@ -282,7 +284,7 @@ async def compiled_operation(operation_name: str | None, document: Any, read: Aw
         attributes={"component": "graphql", "query": literal_free(document)},
     ) as span:
         try:
-            answer = await read
+            answer = await read()
         except DomainError:  # the request's answer (UNAVAILABLE)
             raise
         except Exception:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import orjson
@@ -245,12 +246,19 @@ class GraphQLView(GraphQL[Context, None]):
             return key, None
         try:
             assert admitted.token_hash is not None
-            read = context.capacity.read_json(
-                admitted.principal, admitted.token_hash, prepared.read, prepared.args
+            read = partial(
+                context.capacity.read_json,
+                admitted.principal,
+                admitted.token_hash,
+                prepared.read,
+                prepared.args,
             )
             if self._traced and plan is not None:  # HTTP, then GraphQL, then SQL
-                read = tracing_module.compiled_operation(_operation_name(plan), plan.document, read)
-            data = await read
+                data = await tracing_module.compiled_operation(
+                    _operation_name(plan), plan.document, read
+                )
+            else:
+                data = await read()
         except Unavailable as unavailable:
             # The database is out of reach: the plain path would only wait for it again.
             return key, refused_with(unavailable, status_code=http_status(unavailable))
