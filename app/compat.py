@@ -1,19 +1,22 @@
 """What this service relies on in graphql-core, strawberry and uvicorn beyond their public
 API, checked when the app is assembled (and by `serve` for its websocket protocol).
 
-The fast path (`BETTERCOMPUTE_FAST_PATH`, on by default) has pieces built on library
-internals, each of which answers exactly as the stock library would, only sooner:
+The fast path (on by default) has pieces built on library internals, each of which
+answers exactly as the stock library would, only sooner, each switched by its own setting
+(`BETTERCOMPUTE_FAST_PATH` sets both, and the compiled reads, at once):
 
-- `executor` (schema/executor.py): graphql-core's `execute_fields`, `execute_operation`
-  and `build_per_event_executor` overridden, its `_relevant_sub_fields` memo, strawberry's
-  execution context class and its fields' back-references;
-- `websocket protocol` (app/websocket_protocol.py): a subclass of uvicorn's
-  websockets-sansio protocol that rewrites its `send` and drops its handshake state.
+- `executor` (`BETTERCOMPUTE_FAST_EXECUTOR`, schema/executor.py): graphql-core's
+  `execute_fields`, `execute_operation` and `build_per_event_executor` overridden, its
+  `_relevant_sub_fields` memo, strawberry's execution context class and its fields'
+  back-references;
+- `websocket protocol` (`BETTERCOMPUTE_LEAN_WEBSOCKET`, app/websocket_protocol.py): a
+  subclass of uvicorn's websockets-sansio protocol that rewrites its `send` and drops its
+  handshake state.
 
 Each is checked for the shape the fast code uses (a method's parameters, an attribute its
 instances get). A piece that fails is left out with one warning naming it and why, and
 that part runs the plain path: stock execution, uvicorn's own `websockets-sansio`.
-`fast_path = false` leaves every piece out.
+A piece's setting false (or `fast_path = false`) leaves it out.
 
 Both paths also rely on three things no public API offers, checked here as well:
 
@@ -62,7 +65,7 @@ def check(settings: Settings) -> Compatibility:
     """Once per app: a warning for each piece that cannot run, and what can."""
     _usable("graphql-core error messages", _messages_problem, "input errors go without `field`")
     return Compatibility(
-        executor=settings.fast_path and _usable("executor", _executor_problem),
+        executor=settings.fast_executor and _usable("executor", _executor_problem),
         websocket_handlers=_usable(
             "websocket handlers", _websocket_handlers_problem, "strawberry's own handlers serve"
         ),
@@ -71,7 +74,7 @@ def check(settings: Settings) -> Compatibility:
 
 def websocket_protocol(settings: Settings) -> type[Any] | str:
     """The protocol class for `uvicorn.run(ws=...)`: the lean one when it can run."""
-    if settings.fast_path and _usable("websocket protocol", _websocket_protocol_problem):
+    if settings.lean_websocket and _usable("websocket protocol", _websocket_protocol_problem):
         from app.websocket_protocol import LeanWebSocketProtocol
 
         return LeanWebSocketProtocol

@@ -13,7 +13,7 @@ import ipaddress
 from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 # What an admin command reads without this class (app/config_env.py) is defined there.
@@ -25,6 +25,8 @@ from app.config_env import (
 )
 
 _read_env: ContextVar[bool] = ContextVar("read_env", default=False)
+# The mechanisms `fast_path` switches together, each also a setting of its own.
+FAST_PATH_PIECES: tuple[str, ...] = ("compiled_reads", "fast_executor", "lean_websocket")
 
 
 def setting(default: Any, description: str, env: str | None = None) -> Any:
@@ -58,9 +60,26 @@ class Settings(BaseSettings):
     )
     fast_path: bool = setting(
         True,
-        "the fast paths: reads compiled into one statement (docs/decisions/0008), the custom "
-        "executor, the lean websocket protocol; false serves with stock graphql-core, "
+        "the fast paths, all three at once: sets `BETTERCOMPUTE_COMPILED_READS`, "
+        "`BETTERCOMPUTE_FAST_EXECUTOR` and `BETTERCOMPUTE_LEAN_WEBSOCKET` (one of those given "
+        "beside it wins for its own mechanism); false serves with stock graphql-core, "
         "strawberry and uvicorn over the domain, which answer the same (app/compat.py)",
+    )
+    compiled_reads: bool = setting(
+        True,
+        "reads compiled into one statement (docs/decisions/0008; PostgreSQL); false answers "
+        "every read on the plain path (default: `BETTERCOMPUTE_FAST_PATH`)",
+    )
+    fast_executor: bool = setting(
+        True,
+        "GraphQL: the custom executor (schema/executor.py) when app/compat.py finds it can "
+        "run; false: strawberry's own (default: `BETTERCOMPUTE_FAST_PATH`)",
+    )
+    lean_websocket: bool = setting(
+        True,
+        "`serve`: the lean websocket protocol (app/websocket_protocol.py) when app/compat.py "
+        "finds it can run; false: uvicorn's websockets-sansio (default: "
+        "`BETTERCOMPUTE_FAST_PATH`)",
     )
     compiled_plan_cache_bytes: int = setting(
         16 * 1024 * 1024,
@@ -263,6 +282,14 @@ class Settings(BaseSettings):
         "comma-separated addresses or networks (`10.0.0.0/8`) of proxies whose "
         "`X-Forwarded-For` names the client; empty: the peer address is the client",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fast_path_sets_its_pieces(cls, data: Any) -> Any:
+        """`fast_path`, when given, sets each mechanism it names that is not given."""
+        if not isinstance(data, dict) or "fast_path" not in data:
+            return data
+        return {**dict.fromkeys(FAST_PATH_PIECES, data["fast_path"]), **data}
 
     @field_validator("allowed_origins", "trusted_proxies", mode="before")
     @classmethod

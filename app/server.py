@@ -140,6 +140,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         build_schema(settings, tracing=traced, fast_executor=pieces.executor),
         settings,
         our_websocket_handlers=pieces.websocket_handlers,
+        tracing=traced,
     )
     middleware = [
         # Outermost: request ids, metrics and logs see every answer.

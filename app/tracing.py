@@ -27,8 +27,13 @@ The first two rely on strawberry's extension keeping its operation span in
 `_span_holder`; `graphql_extension` proves the redaction on a probe schema first, and
 without it leaves the GraphQL spans out (with a warning) rather than record a secret.
 
-Compiled reads (schema/compiled_reads.py) run no GraphQL: their requests have the HTTP
-span only (no GraphQL or SQL span).
+Every path gives the same trace. A compiled read (docs/decisions/0008) runs no GraphQL
+execution, so the view opens its operation's span itself (`compiled_operation`: named,
+with `component` and a literal-free `query`, as strawberry's extension does, and only
+when that extension runs), and its one statement, sent to asyncpg past SQLAlchemy, gets
+a SQL span of its own (`instrument_clients` sets app/db/direct.py's hook): HTTP, then
+GraphQL, then SQL, as on the plain path; one that declines (the plain path answers)
+leaves its span renamed, so a request holds one GraphQL operation span.
 """
 
 from __future__ import annotations
@@ -37,18 +42,23 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.engine import make_url
 from starlette.applications import Starlette
 
 from app.capacity.policy import secret_field_names
+from app.db import direct
 from app.db.engine import Database
+from app.errors import DomainError
 
 log = logging.getLogger(__name__)
 REDACTED = "[redacted]"
+T = TypeVar("T")
 
 
 def enabled() -> bool:
@@ -252,8 +262,64 @@ def graphql_extension() -> Any:
     return extension
 
 
+# A compiled read that declined (the plain path answers, with its own operation span).
+DECLINED_SPAN = "GraphQL compiled read (declined)"
+
+
+async def compiled_operation(
+    operation_name: str | None, document: Any, read: Callable[[], Awaitable[T]]
+) -> T:
+    """`read()` (a compiled read's answer) in the span of the GraphQL operation it answers,
+    current while it runs (its statement's span goes below it): named as strawberry's
+    extension names an operation's, with the same `component` and literal-free `query`.
+    Declined (None, or a failure other than a domain error: the plain path answers and
+    records the operation), the span is renamed DECLINED_SPAN, so a request holds one
+    operation span."""
+    from opentelemetry import trace
+
+    name = f"GraphQL Query: {operation_name}" if operation_name else "GraphQL Query"
+    with trace.get_tracer("strawberry").start_as_current_span(
+        name,
+        kind=trace.SpanKind.SERVER,
+        attributes={"component": "graphql", "query": literal_free(document)},
+    ) as span:
+        try:
+            answer = await read()
+        except DomainError:  # the request's answer (UNAVAILABLE)
+            raise
+        except Exception:
+            span.update_name(DECLINED_SPAN)
+            span.set_attribute("component", "compiled-read")
+            raise
+        if answer is None:
+            span.update_name(DECLINED_SPAN)
+            span.set_attribute("component", "compiled-read")
+        return answer
+
+
+def _statement_spans(db: Database) -> direct.StatementSpan:
+    """A SQL span per statement sent to asyncpg directly (app/db/direct.py), with the
+    attributes SQLAlchemy's instrumentation gives its own: the statement's text (its
+    parameters are bound apart and never recorded), the system and the database."""
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("bettercompute.db")
+    database = make_url(db.url).database or ""
+
+    def span(sql: str) -> AbstractContextManager[Any]:
+        verb = sql.split(None, 1)[:1]  # named as SQLAlchemy's are on asyncpg: `SELECT`
+        return tracer.start_as_current_span(
+            verb[0] if verb else "postgresql",
+            kind=trace.SpanKind.CLIENT,
+            attributes={"db.system": "postgresql", "db.name": database, "db.statement": sql},
+        )
+
+    return span
+
+
 def instrument_clients(db: Database) -> None:
-    """SQL statement spans on this process's engines; Redis command spans (redis-py)."""
+    """SQL statement spans on this process's engines and the statements sent to asyncpg
+    directly (the compiled reads'); Redis command spans (redis-py)."""
     from opentelemetry.instrumentation.redis import RedisInstrumentor
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
@@ -263,6 +329,7 @@ def instrument_clients(db: Database) -> None:
     # The instrumentation declares SQLAlchemy < 2.1 (its range lags releases); it hooks
     # the engine events 2.1 keeps (tests/operability/test_tracing.py sees the spans).
     SQLAlchemyInstrumentor().instrument(engines=engines, skip_dep_check=True)
+    direct.trace_statements(_statement_spans(db))
     RedisInstrumentor().instrument()
 
 
@@ -271,4 +338,5 @@ def uninstrument_clients() -> None:
     from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
     SQLAlchemyInstrumentor().uninstrument()
+    direct.trace_statements(None)
     RedisInstrumentor().uninstrument()

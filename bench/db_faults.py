@@ -5,7 +5,11 @@
 Runs one real `bettercompute serve` process (its settings from the environment, so
 BETTERCOMPUTE_DB_* bounds apply) on a private PostgreSQL server of its own, reached
 through a TCP proxy, as a non-superuser role. Clients call REST (`pools/list`) and
-GraphQL (`pools`) in a loop, half each. Each fault is held `--seconds`:
+GraphQL (`pools`) in a loop, half each. Beside them, the compiled reads and their plain
+twins: GraphQL `pools` and REST `pools/get`, two clients each, on that process (compiled,
+unless the environment switches BETTERCOMPUTE_COMPILED_READS off) and on a second
+`serve` process through the same proxy with BETTERCOMPUTE_COMPILED_READS=false (plain).
+Each fault is held `--seconds`:
 
 1. 55000: the database set `ALLOW_CONNECTIONS false`, its sessions ended;
 2. 53300: the service's role set `CONNECTION LIMIT 0`, its sessions ended;
@@ -15,13 +19,17 @@ GraphQL (`pools`) in a loop, half each. Each fault is held `--seconds`:
 
 For each: answers by HTTP status received during the fault, the slowest
 request that was waiting at some point of it, and the time from the fault ending to
-the first 200. `/readyz` and `/healthz` are sampled during each fault.
+the first 200 (REST `pools/list` and GraphQL `pools` together, as before); then a row per
+compiled-read surface and its plain twin (a compiled read meeting a silent database
+answers 503 at once, no slower than its plain twin: issue 21). `/readyz` and `/healthz`
+are sampled during each fault.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -32,7 +40,7 @@ import httpx
 
 from app.db.engine import create_database
 from app.db.migrate import upgrade
-from tests.db.faults import Load, PrivatePostgres, StallingProxy, private_postgres
+from tests.db.faults import Call, Load, PrivatePostgres, StallingProxy, private_postgres
 from tests.db.faults import terminate_backends as ending
 from tests.events.processes import bettercompute_serve
 from tests.support import Fleet
@@ -42,12 +50,15 @@ LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
 Step = Callable[[], Awaitable[None]]
 
 
-async def _seed(server: PrivatePostgres) -> str:
+async def _seed(server: PrivatePostgres) -> tuple[str, str, str]:
+    """A viewer's token (every load's), an admin's (it creates the pool `pools/get`
+    reads) and a site for that pool."""
     db = create_database(server.url("bc"))
     try:
         fleet = Fleet(db)
         await fleet.tenant("acme")
-        return await fleet.caller("acme", "viewer")
+        site = await fleet.site("acme")
+        return await fleet.caller("acme", "viewer"), await fleet.caller("acme", "admin"), site
     finally:
         await db.dispose()
 
@@ -61,6 +72,20 @@ async def _ready(client: httpx.AsyncClient, within_s: float = 120) -> None:
         await asyncio.sleep(0.1)
 
 
+def _row(loads: list[Load], faulted: float, healed: float) -> str:
+    during = Counter(
+        a.status for load in loads for a in load.answers if faulted <= a.ended < healed
+    )
+    waiting = [
+        a.ended - a.began
+        for load in loads
+        for a in load.answers
+        if a.began < healed and a.ended >= faulted
+    ]
+    statuses = ", ".join(f"{s}: {n}" for s, n in sorted(during.items()))
+    return f"during: {{{statuses}}}  slowest {max(waiting, default=0):5.2f} s"
+
+
 async def _outage(
     name: str,
     seconds: float,
@@ -68,6 +93,7 @@ async def _outage(
     client: httpx.AsyncClient,
     fault: Step,
     heal: Step,
+    twins: dict[str, Load],
 ) -> None:
     await fault()
     faulted = time.monotonic()
@@ -79,22 +105,19 @@ async def _outage(
     await heal()
     healed = time.monotonic()
     recovery = max([await load.first_success_after(healed, 120) for load in loads])
-    during = Counter(
-        a.status for load in loads for a in load.answers if faulted <= a.ended < healed
-    )
-    waiting = [
-        a.ended - a.began
-        for load in loads
-        for a in load.answers
-        if a.began < healed and a.ended >= faulted
-    ]
-    statuses = ", ".join(f"{s}: {n}" for s, n in sorted(during.items()))
     print(
         f"{name:<32} held {ending_at - faulted:5.1f} s (+{healed - ending_at:.1f} s to heal)"
-        f"  during: {{{statuses}}}  slowest {max(waiting, default=0):5.2f} s"
+        f"  {_row(list(loads), faulted, healed)}"
         f"  first 200 after {recovery:.2f} s  /readyz {ready}  /healthz {live}",
         flush=True,
     )
+    for surface, load in twins.items():
+        twin_recovery = await load.first_success_after(healed, 120)
+        print(
+            f"  {surface:<30} {_row([load], faulted, healed)}"
+            f"  first 200 after {twin_recovery:.2f} s",
+            flush=True,
+        )
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -102,16 +125,20 @@ async def run(args: argparse.Namespace) -> None:
         await server.execute(f"CREATE ROLE {ROLE} LOGIN")
         await server.execute(f"CREATE DATABASE bc OWNER {ROLE}")
         await upgrade(server.url("bc", user=ROLE))
-        token = await _seed(server)
+        token, admin, site = await _seed(server)
         proxy = StallingProxy("127.0.0.1", server.port)
         await proxy.start()
         url = f"postgresql+asyncpg://{ROLE}@127.0.0.1:{proxy.port}/bc"
         try:
             async with (
                 bettercompute_serve(BETTERCOMPUTE_DATABASE_URL=url) as served,
+                bettercompute_serve(
+                    BETTERCOMPUTE_DATABASE_URL=url, BETTERCOMPUTE_COMPILED_READS="false"
+                ) as twin,
                 httpx.AsyncClient(base_url=f"http://{served.address}", timeout=300) as client,
+                httpx.AsyncClient(base_url=f"http://{twin.address}", timeout=300) as plain,
             ):
-                await _measure(args, server, proxy, client, token)
+                await _measure(args, server, proxy, client, plain, token, (admin, site))
         finally:
             await proxy.close()
 
@@ -121,9 +148,28 @@ async def _measure(
     server: PrivatePostgres,
     proxy: StallingProxy,
     client: httpx.AsyncClient,
+    plain: httpx.AsyncClient,
     token: str,
+    pool_maker: tuple[str, str],
 ) -> None:
     headers = {"authorization": f"Bearer {token}"}
+    admin, site = pool_maker
+    created = await client.post(
+        "/api/compute/pools/create",
+        json={"tenantId": "acme", "siteId": site, "class": "metal-host"},
+        headers={"authorization": f"Bearer {admin}"},
+    )
+    created.raise_for_status()
+    get = {"tenantId": "acme", "poolId": created.json()["pool"]["id"]}
+
+    def twin_calls(on: httpx.AsyncClient) -> tuple[Call, Call]:
+        def pools() -> Awaitable[httpx.Response]:
+            return on.post("/graphql", json={"query": LIST_POOLS}, headers=headers)
+
+        def one() -> Awaitable[httpx.Response]:
+            return on.post("/api/compute/pools/get", json=get, headers=headers)
+
+        return pools, one
 
     def rest() -> Awaitable[httpx.Response]:
         body = {"tenantId": "acme"}
@@ -177,15 +223,29 @@ async def _measure(
         ("database stops answering", stall, resume),
         ("57P03 shutdown, down, restart", smart_shutdown, restart),
     ]
-    async with Load(rest, clients=half) as rest_load, Load(graphql, clients=half) as gql_load:
+    (fast_pools, fast_get), (plain_pools, plain_get) = twin_calls(client), twin_calls(plain)
+    twins = {
+        "graphql pools (compiled)": Load(fast_pools, clients=2),
+        "graphql pools (plain)": Load(plain_pools, clients=2),
+        "rest pools/get (compiled)": Load(fast_get, clients=2),
+        "rest pools/get (plain)": Load(plain_get, clients=2),
+    }
+    async with (
+        Load(rest, clients=half) as rest_load,
+        Load(graphql, clients=half) as gql_load,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        for load in twins.values():
+            await stack.enter_async_context(load)
         for name, fault, heal in faults:
             if args.only and args.only not in name:
                 continue
             since = time.monotonic()
-            await rest_load.first_success_after(since, 120)
-            await gql_load.first_success_after(since, 120)
+            for load in (rest_load, gql_load, *twins.values()):
+                await load.first_success_after(since, 120)
             await _ready(client)
-            await _outage(name, args.seconds, (rest_load, gql_load), client, fault, heal)
+            await _ready(plain)
+            await _outage(name, args.seconds, (rest_load, gql_load), client, fault, heal, twins)
 
 
 def main() -> None:

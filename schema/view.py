@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import orjson
@@ -29,17 +30,18 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UnsetType
 
+from app import tracing as tracing_module
 from app.capacity.service import Capacity
 from app.compat import graphql_core_schema
 from app.config import Settings
 from app.db.errors import RETRY_AFTER_S, to_domain_error
-from app.errors import DomainError
+from app.errors import DomainError, Unavailable
 from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
 from app.http.status import http_status, request_failure
 from app.metrics import COMPILED_READS
 from app.observe import record_code, request_info
-from schema.compiled_reads import CompiledReads
+from schema.compiled_reads import CompiledReads, Plan
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_page
@@ -73,7 +75,12 @@ _ANSWERED, _DECLINED = COMPILED_READS.labels("answered"), COMPILED_READS.labels(
 
 class GraphQLView(GraphQL[Context, None]):
     def __init__(
-        self, schema: BaseSchema, settings: Settings, *, our_websocket_handlers: bool = True
+        self,
+        schema: BaseSchema,
+        settings: Settings,
+        *,
+        our_websocket_handlers: bool = True,
+        tracing: bool = False,
     ) -> None:
         super().__init__(
             schema,
@@ -86,6 +93,9 @@ class GraphQLView(GraphQL[Context, None]):
             allowed_origins=settings.allowed_origins,
         )
         self.settings = settings
+        # A compiled read's GraphQL span, where the plain path's extension records one
+        # (app/tracing.py: not when its redaction could not be shown to hold).
+        self._traced = tracing and tracing_module.graphql_extension() is not None
         manifest = (
             load_manifest(settings.persisted_queries_manifest)
             if settings.persisted_queries_manifest
@@ -102,7 +112,7 @@ class GraphQLView(GraphQL[Context, None]):
                 settings.max_query_cost,
                 settings.compiled_plan_cache_bytes,
             )
-            if settings.fast_path
+            if settings.compiled_reads
             else None
         )
 
@@ -236,9 +246,22 @@ class GraphQLView(GraphQL[Context, None]):
             return key, None
         try:
             assert admitted.token_hash is not None
-            data = await context.capacity.read_json(
-                admitted.principal, admitted.token_hash, prepared.read, prepared.args
+            read = partial(
+                context.capacity.read_json,
+                admitted.principal,
+                admitted.token_hash,
+                prepared.read,
+                prepared.args,
             )
+            if self._traced and plan is not None:  # HTTP, then GraphQL, then SQL
+                data = await tracing_module.compiled_operation(
+                    _operation_name(plan), plan.document, read
+                )
+            else:
+                data = await read()
+        except Unavailable as unavailable:
+            # The database is out of reach: the plain path would only wait for it again.
+            return key, refused_with(unavailable, status_code=http_status(unavailable))
         except Exception:  # the plain path meets the same fault and reports it
             logger.debug("compiled read failed; answering on the plain path", exc_info=True)
             _DECLINED.inc()
@@ -399,6 +422,12 @@ class GraphQLView(GraphQL[Context, None]):
                 {"message": error.message, "extensions": {"code": error.code}}
             ) from None
         return await super().on_ws_connect(context)
+
+
+def _operation_name(plan: Plan) -> str | None:
+    """The operation's name as strawberry's tracing names its span: the document's."""
+    name = plan.operation.name
+    return name.value if name is not None else None
 
 
 def _unavailable(response_data: GraphQLHTTPResponse) -> bool:

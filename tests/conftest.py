@@ -21,8 +21,9 @@ its writers or their connections; `empty_tables` ends any PostgreSQL backend sti
 the run's database before the next test starts.
 
 The fast path: on, unless BETTERCOMPUTE_FAST_PATH=false (CI runs the GraphQL and
-websocket suites both ways, .ci/run). The variable reaches every `Settings(...)` a test
-builds and every `bettercompute serve` it starts (they inherit the environment).
+websocket suites both ways, .ci/run), or one of its mechanisms is switched off alone.
+The variable reaches every `Settings(...)` a test builds and every `bettercompute serve`
+it starts (they inherit the environment).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 
-from app.config import Settings
+from app.config import FAST_PATH_PIECES, Settings
 from app.db.engine import Database, create_database
 from app.server import create_app
 from tests.databases import (
@@ -62,19 +63,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def plain_path_if_asked() -> None:
     """`Settings(...)` reads no environment (tests build it so): with
-    BETTERCOMPUTE_FAST_PATH=false in the environment, its default becomes false for
-    this run, so every app a test assembles takes the plain path."""
-    if Settings.from_env().fast_path:
-        return
-    Settings.model_fields["fast_path"].default = False
-    Settings.model_rebuild(force=True)
+    BETTERCOMPUTE_FAST_PATH=false in the environment (or one of the mechanisms it sets,
+    BETTERCOMPUTE_COMPILED_READS, _FAST_EXECUTOR, _LEAN_WEBSOCKET), their defaults become
+    false for this run, so every app a test assembles takes the plain path there."""
+    from_env = Settings.from_env()
+    changed = False
+    for name in ("fast_path", *FAST_PATH_PIECES):
+        if getattr(from_env, name) is False:
+            Settings.model_fields[name].default = False
+            changed = True
+    if changed:
+        Settings.model_rebuild(force=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that narrows `dialect` with its own parametrize loses the fixture's marks:
     mark it by the dialect it runs on, so `-m postgresql` selects it too. On the plain
     path, the fast path's own tests are skipped."""
-    plain = not Settings().fast_path
+    defaults = Settings()
+    plain = not all(getattr(defaults, name) for name in FAST_PATH_PIECES)
     for item in items:
         if plain and item.get_closest_marker("fast_path"):
             item.add_marker(pytest.mark.skip(reason="the fast path's own work (plain path run)"))

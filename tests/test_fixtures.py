@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, insert, select
 
-from app.config import Settings
+from app.config import FAST_PATH_PIECES, Settings
 from app.db.engine import Database
 from app.db.models import Base, Event, Tenant, utcnow
 from app.iam.roles import FLEET_TENANT
@@ -47,4 +47,6 @@ async def test_database_url_for_gives_the_same_database(
 def test_settings_take_the_path_the_environment_asks_for() -> None:
     """BETTERCOMPUTE_FAST_PATH=false (CI's plain-path run) reaches `Settings(...)`."""
     assert Settings().fast_path is Settings.from_env().fast_path
+    for name in FAST_PATH_PIECES:  # and the mechanisms it sets, each also asked alone
+        assert getattr(Settings(), name) is getattr(Settings.from_env(), name)
     assert Settings(fast_path=True).fast_path is True

@@ -30,6 +30,7 @@ from app.capacity.shapes import (
     Rows,
     Shape,
 )
+from app.db.direct import traced
 from app.db.engine import Database
 from app.iam.principal import Principal
 from app.iam.roles import CAPACITY_READ, POOLS_READ
@@ -392,5 +393,6 @@ async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | Non
         else:
             raw = await conn.get_raw_connection()
             driver: Any = raw.driver_connection  # asyncpg's Connection
-            value = await driver.fetchval(sql, *params)
+            with traced(sql):  # past SQLAlchemy's events: its span is ours
+                value = await driver.fetchval(sql, *params)
     return value if isinstance(value, str) else None

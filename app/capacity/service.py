@@ -60,6 +60,7 @@ from app.capacity.views import (
     ReservationView,
 )
 from app.db.engine import Database
+from app.db.errors import connection_fault, to_domain_error
 from app.db.read_scope import ReadScope
 from app.db.uow import Notify, UnitOfWork
 from app.errors import DomainError, InvalidInput, NotFound, PermissionDenied
@@ -242,7 +243,9 @@ class Capacity:
         the plain read then gives it, error and all. `args` are the method's input as
         sent (REST's body, GraphQL's arguments), validated whole by the method's model as
         the plain read validates them (an unknown field is refused), with a page's first
-        and after beside it."""
+        and after beside it. A database out of reach raises Unavailable (the caller
+        answers it at once: the plain path would wait for it again); any other failure
+        is raised as it is, for the plain path to meet and report."""
         if not self.compiles_reads:
             return None
         tail: tuple[object, ...]
@@ -266,7 +269,12 @@ class Capacity:
         if not json_reads.eligible(principal, tenant_id, read):
             return None
         params = (tenant_id, token_hash, principal.role, principal.has(POOLS_SHARE), *tail)
-        text = await json_reads.fetch(self.db, read.sql, params)
+        try:
+            text = await json_reads.fetch(self.db, read.sql, params)
+        except Exception as exc:
+            if connection_fault(exc):  # the plain path would wait for it again
+                raise to_domain_error(exc) from exc
+            raise
         return None if text is None else json_reads.readable(orjson.loads(text), read)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:

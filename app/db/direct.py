@@ -3,9 +3,12 @@ transaction, in one round trip (the compiled reads, app/capacity/json_reads.py).
 
 SQLAlchemy's pool pings each connection it lends (on asyncpg: BEGIN, a statement,
 ROLLBACK), which costs more than a compiled read itself. These statements need no ping: a
-connection that has died fails the statement, the pool drops it, and the caller answers
-on the plain path, whose pool pings. Bounded like the engines: connect, acquire and
-statement timeouts from the db_* settings; opened on first use, at most `max_size`
+connection that has died fails the statement and the pool drops it (asyncpg reopens a
+connection it saw closed when it is next lent); the caller answers UNAVAILABLE at once
+when the failure is the database being out of reach (app/db/errors.connection_fault:
+a wait that ran out, a connection refused or reset), since the plain path would wait for
+it again, and on the plain path for any other failure. Bounded like the engines: connect,
+acquire and statement timeouts from the db_* settings; opened on first use, at most `max_size`
 connections (README: the connection budget), each keeping at most
 `statements_per_connection` statements prepared (asyncpg's statement cache, least
 recently used deallocated): PostgreSQL keeps each prepared statement's plan in the
@@ -16,12 +19,29 @@ not accumulate there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from app.metrics import statement_sent
 
 if TYPE_CHECKING:
     import asyncpg
+
+# A span per statement sent to asyncpg itself, outside SQLAlchemy (whose statements
+# app/tracing.py traces by its engine events): app/tracing.py sets it when tracing is on.
+StatementSpan = Callable[[str], AbstractContextManager[object]]
+_statement_span: StatementSpan | None = None
+
+
+def trace_statements(span: StatementSpan | None) -> None:
+    global _statement_span
+    _statement_span = span
+
+
+def traced(sql: str) -> AbstractContextManager[object]:
+    """Around a statement sent to asyncpg directly: its span, when tracing is on."""
+    return nullcontext() if _statement_span is None else _statement_span(sql)
 
 
 async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
@@ -82,7 +102,17 @@ class DirectReads:
         pool = await self._opened()
         async with pool.acquire(timeout=self._acquire_timeout_s) as conn:
             statement_sent()
-            return await conn.fetchval(sql, *params)
+            try:
+                with traced(sql):
+                    return await conn.fetchval(sql, *params)
+            except TimeoutError:
+                # The server did not answer within the statement bound + 1 s (its own
+                # statement_timeout would have): asyncpg sends a cancel request on a new
+                # connection, and lending the connection back waits for it, up to the
+                # command and the acquire timeouts more. The connection is not to be
+                # trusted anyway: dropped, it is not waited for.
+                conn.terminate()
+                raise
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None

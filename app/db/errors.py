@@ -74,6 +74,13 @@ def _unavailable(exc: BaseException) -> bool:
     return True
 
 
+def connection_fault(exc: BaseException) -> bool:
+    """The database is out of reach (a wait that ran out, a connection refused or reset, a
+    server refusing sessions): any other path to it would meet the same, so a compiled
+    read answers UNAVAILABLE at once rather than wait again on the plain path."""
+    return not isinstance(exc, DomainError) and _unavailable(exc)
+
+
 def to_domain_error(exc: BaseException) -> DomainError:
     if isinstance(exc, DomainError):
         return exc

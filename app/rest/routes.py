@@ -15,7 +15,7 @@ from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.views import ImpactView
 from app.catalog import METHODS, POOL_METHODS, Method
-from app.errors import InvalidInput
+from app.errors import InvalidInput, Unavailable
 from app.http.admission import Admission
 from app.http.responses import JSONResponse
 from app.iam.callers import authenticate
@@ -41,7 +41,7 @@ def _endpoint(method: Method) -> Any:
         try:
             fast = (
                 compiled is not None
-                and request.app.state.settings.fast_path
+                and request.app.state.settings.compiled_reads
                 and capacity.compiles_reads
             )
             admitted = await admission.admit(
@@ -51,7 +51,7 @@ def _endpoint(method: Method) -> Any:
                 compiled=fast,
             )
             if compiled is not None and admitted.token_hash is not None:
-                await admission.read_body(request, admitted)  # BETTERCOMPUTE_FAST_PATH
+                await admission.read_body(request, admitted)  # BETTERCOMPUTE_COMPILED_READS
                 if admitted.body_error is not None:
                     raise admitted.body_error
                 assert admitted.body is not None
@@ -91,6 +91,8 @@ async def _compiled_answer(
         return None
     try:
         answer = await capacity.read_json(principal, hashed, read, body)
+    except Unavailable:  # the database is out of reach: the plain path would wait again
+        raise
     except Exception:  # the plain path meets the same fault and reports it
         log.debug("compiled get failed; answering on the plain path", exc_info=True)
         answer = None

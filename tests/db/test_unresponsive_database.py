@@ -13,6 +13,7 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import httpx
@@ -242,3 +243,113 @@ async def test_readyz_reports_the_broker_and_healthz_does_not(
                 await asyncio.sleep(0.05)
     finally:
         await redis.stop()
+
+
+def _compiled_answered(metrics: str) -> float:
+    """bettercompute_compiled_reads_total{outcome="answered"} in a /metrics page."""
+    for line in metrics.splitlines():
+        if line.startswith('bettercompute_compiled_reads_total{outcome="answered"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # the compiled reads' store
+async def test_a_compiled_read_meets_a_silent_database_once(
+    database_url: str, db: Database
+) -> None:
+    """A compiled read whose statement meets a database that stops answering answers 503
+    at once: no second wait on the plain path. Two served processes through the same
+    stalling proxy, one with compiled reads and one without, each loaded with the same
+    GraphQL `pools` and REST `pools/get`; during the stall the slowest 503 of each
+    compiled surface is at most its plain twin's + 1 s."""
+    fleet = Fleet(db)
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    token = await fleet.caller("acme", "admin")
+    await db.dispose()
+    upstream = make_url(database_url)
+    proxy = StallingProxy(upstream.host or "127.0.0.1", upstream.port or 5432)
+    await proxy.start()
+    through_proxy = upstream.set(host="127.0.0.1", port=proxy.port)
+    env = {
+        "BETTERCOMPUTE_DATABASE_URL": through_proxy.render_as_string(hide_password=False),
+        "BETTERCOMPUTE_DB_CONNECT_TIMEOUT_SECONDS": str(CONNECT_S),
+        "BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT_SECONDS": str(ACQUIRE_S),
+        "BETTERCOMPUTE_DB_STATEMENT_TIMEOUT_SECONDS": str(STATEMENT_S),
+        "BETTERCOMPUTE_FAST_PATH": "true",  # whatever the run asks: the executor alike
+    }
+    headers = {"authorization": f"Bearer {token}"}
+    loads: dict[str, Load] = {}
+    try:
+        async with (
+            bettercompute_serve(**env, BETTERCOMPUTE_COMPILED_READS="true") as compiled,
+            bettercompute_serve(**env, BETTERCOMPUTE_COMPILED_READS="false") as plain,
+            httpx.AsyncClient(base_url=f"http://{compiled.address}", timeout=60) as fast,
+            httpx.AsyncClient(base_url=f"http://{plain.address}", timeout=60) as slow,
+        ):
+            body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+            created = await fast.post("/api/compute/pools/create", json=body, headers=headers)
+            assert created.status_code == 200, created.text
+            get = {"tenantId": "acme", "poolId": created.json()["pool"]["id"]}
+
+            def calls(client: httpx.AsyncClient) -> dict[str, Callable[[], Awaitable[Any]]]:
+                return {
+                    "graphql pools": lambda: client.post(
+                        "/graphql", json={"query": LIST_POOLS}, headers=headers
+                    ),
+                    "rest pools/get": lambda: client.post(
+                        "/api/compute/pools/get", json=get, headers=headers
+                    ),
+                }
+
+            for path, client in (("compiled", fast), ("plain", slow)):
+                for surface, call in calls(client).items():
+                    loads[f"{surface} ({path})"] = Load(call, clients=2)
+            async with contextlib.AsyncExitStack() as stack:
+                for load in loads.values():
+                    await stack.enter_async_context(load)
+                for load in loads.values():
+                    await load.first_success_after(0.0, 30)
+                answered = _compiled_answered((await fast.get("/metrics")).text)
+                await wait_for_ready(fast)
+                await wait_for_ready(slow)
+                # Both compiled surfaces are answered by their statement by now.
+                settled = time.monotonic()
+                for load in loads.values():
+                    await load.answered(4, settled, 30)
+                assert _compiled_answered((await fast.get("/metrics")).text) >= answered + 8
+
+                proxy.stall()
+                stalled = time.monotonic()
+
+                def enough() -> bool:
+                    return all(
+                        ld.answered_since(stalled) >= ANSWERS_DURING_FAULT for ld in loads.values()
+                    )
+
+                with contextlib.suppress(AssertionError):  # measured and asserted below
+                    await wait_for(enough, FAULT_CAP_S, "answers during the stall")
+                resumed = time.monotonic()
+                proxy.resume()
+                for load in loads.values():
+                    await load.first_success_after(resumed, 60)
+    finally:
+        await proxy.close()
+
+    def slowest(load: Load) -> float:
+        waited = [
+            a.ended - a.began for a in load.answers if a.began < resumed and a.ended >= stalled
+        ]
+        return max(waited, default=0.0)
+
+    for name, load in loads.items():
+        report(name, load.statuses(stalled, resumed), None, slowest=f"{slowest(load):.2f} s")
+    for name, load in loads.items():
+        assert load.answered_since(stalled) >= ANSWERS_DURING_FAULT, name
+        assert set(load.statuses(stalled, resumed)) == {503}, (
+            name,
+            load.statuses(stalled, resumed),
+        )
+    for surface in ("graphql pools", "rest pools/get"):
+        fast_s, plain_s = (slowest(loads[f"{surface} ({p})"]) for p in ("compiled", "plain"))
+        assert fast_s <= plain_s + 1.0, (surface, fast_s, plain_s)

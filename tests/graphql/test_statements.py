@@ -72,7 +72,7 @@ async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fl
         counts[first] = int(_graphql_statements() - before)
     print(f"statements for pools(first: N) with quotas, capacity, offers: {counts}")
     assert counts[1] == counts[10] == counts[100], counts
-    if capacity.db.dialect == "postgresql" and app.state.settings.fast_path:
+    if capacity.db.dialect == "postgresql" and app.state.settings.compiled_reads:
         # The compiled statement alone; behind PgBouncer, in a transaction that begins
         # with SET LOCAL statement_timeout (app/db/engine.py).
         assert counts[1] == (1 if capacity.db.direct is not None else 2), counts
