@@ -1,8 +1,11 @@
 """The pages a person opens, in a real headless Chromium (the Debian package, driven by
 Playwright) against a running `bettercompute serve` on the demo fleet, with every request
-beyond this machine refused: the live console shows the demo pools and a REST update
-appears within a second; GraphiQL renders from the service's own assets. Screenshots go
-to test-artifacts/ (console.png, graphiql.png)."""
+beyond this machine refused. The live console (on SQLite and PostgreSQL): its bars equal
+what REST answers, its lending rows `pools/lending`, an update's diff shows in its feed
+within a second, a `pool.usage` event moves the bars, a lost socket or a pause resumes
+without losing an event, and its empty and error states. GraphiQL renders from the
+service's own assets. Screenshots go to test-artifacts/ (console-<dialect>.png,
+console-usage-<dialect>.png, graphiql.png), each path printed."""
 
 from __future__ import annotations
 
@@ -334,6 +337,7 @@ def console(
     databases = TestDatabases(tmp_path_factory.mktemp("console"))
     try:
         url = asyncio.run(databases.create_empty(request.param))
+        out(url, "db", "upgrade")
         seeded = out(url, "demo")
         server = Served(url)
         server.start()

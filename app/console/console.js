@@ -458,7 +458,7 @@ function bar(attrs, caption, value, max) {
   fill.style.width = `${(ratio * 100).toFixed(1)}%`; // CSSOM: allowed by the page's policy
   return el("div", { className: "bar", ...attrs, "data-level": level, role: "meter",
                      ariaLabel: caption, ariaValueNow: value, ariaValueMax: max },
-    el("span", { className: "caption", text: caption }),
+    el("span", { className: "caption", text: caption, title: caption }),
     el("span", { className: "track" }, fill),
     el("span", { className: "value", text: `${value} / ${amount(max)}` }));
 }
