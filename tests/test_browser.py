@@ -15,9 +15,10 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -26,6 +27,7 @@ import pytest
 from tests.databases import DIALECTS, TestDatabases, service_unavailable
 from tests.test_cli import BIN, _free_port, out
 
+T = TypeVar("T")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
@@ -308,6 +310,13 @@ def test_graphiql_refetches_the_schema_when_the_headers_pane_changes(
 # (pool, resource, booked, allocatable), lending rows, feed entries.
 
 
+def in_thread(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end in a thread of its own: Playwright's sync API keeps an
+    event loop running in this one while a browser is open."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 class Demo(NamedTuple):
     server: Served
     seeded: dict[str, Any]  # `bettercompute demo`'s output: tokens, pools
@@ -336,7 +345,7 @@ def console(
     """`bettercompute demo` then `serve`, on a new database of the dialect."""
     databases = TestDatabases(tmp_path_factory.mktemp("console"))
     try:
-        url = asyncio.run(databases.create_empty(request.param))
+        url = in_thread(databases.create_empty(request.param))
         out(url, "db", "upgrade")
         seeded = out(url, "demo")
         server = Served(url)
@@ -346,7 +355,7 @@ def console(
         finally:
             server.stop()
     finally:
-        asyncio.run(databases.close())
+        in_thread(databases.close())
 
 
 def rest(base: str, token: str, method: str, body: dict[str, Any]) -> dict[str, Any]:
