@@ -760,6 +760,11 @@ def test_console_shows_a_clear_empty_state(console: Demo, browser: Any) -> None:
     assert "No pools" in empty.inner_text()
     assert page.locator("#pools .pool").count() == 0
     assert page.locator("#lending").is_hidden() and page.locator("#error").is_hidden()
+    # A reload shows the same tenant again: the tab remembers the token and tenant.
+    page.reload()
+    page.wait_for_selector("#pools[data-loaded='true']", state="attached", timeout=15_000)
+    page.wait_for_selector("#status[data-state='live']", timeout=15_000)
+    assert page.locator("#empty").is_visible() and "umbrella" in empty.inner_text()
 
 
 def test_console_shows_a_clear_error_state_for_a_bad_token_and_a_service_down(

@@ -562,10 +562,28 @@ function render() {
 
 // ---- the page ---------------------------------------------------------------------------
 
+// The token and tenant last shown, kept for this tab only (sessionStorage): a reload
+// shows the same pools again; closing the tab forgets the token.
+const REMEMBERED = "bettercompute.console";
+
 $("connect").addEventListener("submit", (event) => {
   event.preventDefault();
-  show($("token").value.trim(), $("tenant").value.trim());
+  const token = $("token").value.trim();
+  const tenant = $("tenant").value.trim();
+  sessionStorage.setItem(REMEMBERED, JSON.stringify({ token, tenant }));
+  show(token, tenant);
 });
+
+try {
+  const remembered = JSON.parse(sessionStorage.getItem(REMEMBERED) || "null");
+  if (remembered && remembered.token && remembered.tenant) {
+    $("token").value = remembered.token;
+    $("tenant").value = remembered.tenant;
+    show(remembered.token, remembered.tenant);
+  }
+} catch (error) {
+  sessionStorage.removeItem(REMEMBERED);
+}
 $("pause").addEventListener("click", pause);
 
 // For people debugging a stream and for the browser test: the function events go
