@@ -49,6 +49,7 @@ bytes in shape and size.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -361,7 +362,8 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     settings = Settings.from_env()
-    app.state.templates = json.loads(Path(os.environ["BENCH_WRITE_FLOOR_TEMPLATES"]).read_text())
+    templates = Path(os.environ["BENCH_WRITE_FLOOR_TEMPLATES"])
+    app.state.templates = json.loads(await asyncio.to_thread(templates.read_text))
     app.state.callers = json.loads(os.environ["BENCH_FLOOR_CALLERS"])
     app.state.pool = await asyncpg.create_pool(
         os.environ["BENCH_FLOOR_DSN"],

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -68,6 +69,7 @@ from bench.graphql_pools import (
     free_port,
     generator_version,
     machine_busy_s,
+    print_logs,
     start_server,
     stop_server,
     uptime,
@@ -145,13 +147,12 @@ async def seed(url: str) -> Seeded:
 
 async def widen(url: str, conn: asyncpg.Connection, pools: list[str], room: int) -> int:
     """Add nodes (through the domain) until each pool has `room` GPUs free; nodes added."""
-    free = dict(
-        await conn.fetch(
-            "SELECT pool_id, allocatable - booked FROM capacity_rows"
-            " WHERE pool_id = ANY($1) AND resource = 'gpu'",
-            pools,
-        )
+    rows = await conn.fetch(
+        "SELECT pool_id, allocatable - booked AS free FROM capacity_rows"
+        " WHERE pool_id = ANY($1) AND resource = 'gpu'",
+        pools,
     )
+    free: dict[str, int] = {row["pool_id"]: row["free"] for row in rows}
     missing = {p: room - free.get(p, 0) for p in pools if free.get(p, 0) < room}
     if not missing:
         return 0
@@ -275,6 +276,19 @@ def rest(path: str, tenant: str, extra: str = "") -> tuple[str, str]:
     return f"/api/compute/{path}", '{"tenantId":"' + tenant + '",@ITEM@' + extra + "}"
 
 
+ROW_NAMES = (
+    f"booking, REST, {POOLS} quotas",
+    "booking, REST, one hot quota",
+    "booking, GraphQL createReservation",
+    "release, REST",
+    "pool create",
+    "pool offer (resize)",
+    "pool update (gpuModel)",
+    "pool unoffer",
+    "pool archive",
+)
+
+
 def writes(seeded: Seeded) -> list[Write]:
     book_path, book_body = rest(
         "reservations/create", GUEST, ',"resources":{"gpu":1},"idempotencyKey":"@KEY@"'
@@ -306,15 +320,20 @@ def writes(seeded: Seeded) -> list[Write]:
     return [
         Write(f"booking, REST, {POOLS} quotas", book_path, "/book", book_body, items=spread),
         Write("booking, REST, one hot quota", book_path, "/book", book_body, items=hot),
-        Write("booking, GraphQL createReservation", "/graphql", "/book-graphql", graphql_body,
-              items=spread),
+        Write(
+            "booking, GraphQL createReservation",
+            "/graphql",
+            "/book-graphql",
+            graphql_body,
+            items=spread,
+        ),
         Write("release, REST", release_path, "/release", release_body, consumes=True),
         Write("pool create", create_path, "/pools/create", create_body, items=create_items),
         Write("pool offer (resize)", *_pool_write("offer"), items=offer_items),
         Write("pool update (gpuModel)", *_pool_write("update"), items=update_items),
         Write("pool unoffer", *_pool_write("unoffer"), consumes=True),
         Write("pool archive", *_pool_write("archive"), consumes=True),
-    ]  # fmt: skip
+    ]
 
 
 def _pool_write(method: str) -> tuple[str, str, str]:
@@ -429,8 +448,16 @@ def run_wrk(wrk: str, url: str, script: str, seconds: float) -> Load:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as file:
         file.write(script)
     try:
-        command = [wrk, f"-t{CONNECTIONS}", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s",
-                   "--timeout=30s", "-s", file.name, url]  # fmt: skip
+        command = [
+            wrk,
+            f"-t{CONNECTIONS}",
+            f"-c{CONNECTIONS}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout=30s",
+            "-s",
+            file.name,
+            url,
+        ]
         output, _ = _run_child(command, seconds + 60)
     finally:
         os.unlink(file.name)
@@ -472,13 +499,15 @@ def start_serve(
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(binary), "serve", "--port", str(port), "--workers", str(workers)],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     for _ in range(1200):
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                if len(tree(process.pid)) > workers or workers == 1:
-                    return process, port
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            if ready and (workers == 1 or len(tree(process.pid)) > workers):
+                return process, port
         except httpx.HTTPError:
             pass
         if process.poll() is not None:
@@ -518,13 +547,19 @@ class Bench:
     service_pid: int
     urls: dict[str, str]
     headers: dict[str, dict[str, str]]  # tenant -> the service's request headers
+    floor_role: str
 
-    async def calls(self) -> float:
+    async def calls(self, target: str) -> float:
+        """Statements run so far in the bench database by the target: the floor connects
+        as a role of its own; the rest is the service's, its background tasks included."""
+        which = "=" if target == "floor" else "<>"
         return float(
             await self.conn.fetchval(
                 "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
                 " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 " AND query NOT LIKE '%pg_stat_%'"
+                f" AND userid {which} (SELECT oid FROM pg_roles WHERE rolname = $1)",
+                self.floor_role,
             )
         )
 
@@ -537,7 +572,7 @@ class Bench:
         script = lua_script(write, path, headers, f"{target[0]}{secrets.token_hex(4)}-")
         pids = tree(self.service_pid)
         backends = BackendsCpu(self.processes)
-        before_calls = await self.calls()
+        before_calls = await self.calls(target)
         await backends.start()
         before = {p: cpu_s(p) for p in pids} | {
             -1: cpu_s(self.processes.floor),
@@ -555,7 +590,7 @@ class Bench:
         finally:
             postgres = await backends.stop()
         wall = time.perf_counter() - started
-        statements = await self.calls() - before_calls
+        statements = await self.calls(target) - before_calls
         used = {f"service:{p}": after[p] - before[p] for p in pids}
         cpu = used | {
             "service": sum(used.values()),
@@ -728,14 +763,32 @@ async def check_floor(
     (pool,) = await prepare_pools(bench.conn, seeded.site, 1, guests=2)
     own = seeded.own[1]
     cases = [
-        ("book", "/book", _item(poolId=seeded.pools[2]) + ',"tenantId":"guest","resources":{"gpu":1},"idempotencyKey":"chk"'),
+        (
+            "book",
+            "/book",
+            _item(poolId=seeded.pools[2])
+            + ',"tenantId":"guest","resources":{"gpu":1},"idempotencyKey":"chk"',
+        ),
         ("release", "/release", _item(reservationId=rsv, tenantId=GUEST)),
-        ("create", "/pools/create", _item(siteId=seeded.site, tenantId=PROVIDER, idempotencyKey="chk", **{"class": "metal-host"})),
-        ("offer", "/pools/offer", _item(poolId=own, tenantId=PROVIDER, toTenantId=GUEST, quota={"gpu": 7})),
+        (
+            "create",
+            "/pools/create",
+            _item(
+                siteId=seeded.site,
+                tenantId=PROVIDER,
+                idempotencyKey="chk",
+                **{"class": "metal-host"},
+            ),
+        ),
+        (
+            "offer",
+            "/pools/offer",
+            _item(poolId=own, tenantId=PROVIDER, toTenantId=GUEST, quota={"gpu": 7}),
+        ),
         ("update", "/pools/update", _item(poolId=own, tenantId=PROVIDER, gpuModel="H200")),
         ("unoffer", "/pools/unoffer", _item(poolId=pool, tenantId=PROVIDER, toTenantId="gone-0")),
         ("archive", "/pools/archive", _item(poolId=pool, tenantId=PROVIDER)),
-    ]  # fmt: skip
+    ]
     lines = []
     for name, path, members in cases:
         answer = await floor.post(path, content="{" + members + "}")
@@ -770,41 +823,56 @@ async def check_floor(
 # --- the report ---------------------------------------------------------------------
 
 
+def _slashed(values: list[float], digits: int) -> str:
+    return "/".join(f"{v:.{digits}f}" for v in values)
+
+
 def print_results(results: list[Result]) -> None:
-    header = (
-        f"{'write':<36} {'floor/s':>8} {'service/s':>9} {'ratio':>6}  {'floor p50/p99 ms':>16}  "
-        f"{'service p50/p99 ms':>18}  {'stmts/req f/s':>13}  {'cpu ms/req svc/floor/pg(s)/pg(f)':>33}  "
-        f"{'non-2xx f/s':>11}  valid"
+    columns = (
+        f"{'write':<36} {'floor/s':>8} {'service/s':>9} {'ratio':>6} "
+        f"{'p50/p99 ms floor':>17} {'p50/p99 ms service':>19} {'stmts/req f/s':>13} "
+        f"{'cpu ms/req svc/floor/pg(s)/pg(f)':>34} {'non-2xx f/s':>11}  valid"
     )
-    print("\n" + header)
-    print("-" * len(header))
+    print("\n" + columns)
+    print("-" * len(columns))
     for res in results:
         invalid = "; ".join(f"{r.target}: {r.invalid}" for r in res.rounds if r.invalid)
         f, s = res.rate("floor"), res.rate("service")
+        latency = {t: [res.mean(t, "p50_ms"), res.mean(t, "p99_ms")] for t in ("floor", "service")}
+        statements = [res.per_request(t, "statements") for t in ("floor", "service")]
+        cpu = [
+            res.per_request("service", "service"),
+            res.per_request("floor", "floor"),
+            res.per_request("service", "postgres"),
+            res.per_request("floor", "postgres"),
+        ]
+        non2xx = "/".join(str(sum(r.load.non2xx for r in res.of(t))) for t in ("floor", "service"))
         print(
-            f"{res.write.name:<36} {f:8.1f} {s:9.1f} {s / f if f else 0:6.3f}  "
-            f"{res.mean('floor', 'p50_ms'):7.1f}/{res.mean('floor', 'p99_ms'):<8.1f}  "
-            f"{res.mean('service', 'p50_ms'):9.1f}/{res.mean('service', 'p99_ms'):<8.1f}  "
-            f"{res.per_request('floor', 'statements'):6.2f}/{res.per_request('service', 'statements'):<6.2f}  "
-            f"{res.per_request('service', 'service'):8.2f}/{res.per_request('floor', 'floor'):<6.2f}/"
-            f"{res.per_request('service', 'postgres'):6.2f}/{res.per_request('floor', 'postgres'):<6.2f}       "
-            f"{sum(r.load.non2xx for r in res.of('floor')):5d}/{sum(r.load.non2xx for r in res.of('service')):<5d}  "
+            f"{res.write.name:<36} {f:8.1f} {s:9.1f} {s / f if f else 0:6.3f} "
+            f"{_slashed(latency['floor'], 1):>17} {_slashed(latency['service'], 1):>19} "
+            f"{_slashed(statements, 2):>13} {_slashed(cpu, 2):>34} {non2xx:>11}  "
             + ("INVALID: " + invalid if invalid else "ok")
         )
     print(
-        "\nEach round: the rate asked is saturate (closed loop, 16 connections), the rate"
-        " achieved req/s; CPU % of one core over the round"
+        f"\nEach round: the rate asked is saturate (closed loop, {CONNECTIONS} connections), the"
+        " rate achieved req/s; CPU over the round in % of one core (postgres: the bench"
+        " database's backends; machine: /proc/stat, every core)"
     )
-    header = f"{'write':<36} {'target':<8} {'req/s':>8} {'p50 ms':>8} {'service':>8} {'floor':>6} {'postgres':>9} {'machine':>8}"
-    print(header)
-    print("-" * len(header))
+    columns = (
+        f"{'write':<36} {'target':<8} {'req/s':>8} {'p50 ms':>8} "
+        f"{'service':>8} {'floor':>6} {'postgres':>9} {'machine':>8}"
+    )
+    print(columns)
+    print("-" * len(columns))
     for res in results:
         for r in res.rounds:
-            secs = r.wall_s
+            pct = {
+                k: 100 * r.cpu_s[k] / r.wall_s for k in ("service", "floor", "postgres", "machine")
+            }
             print(
-                f"{res.write.name:<36} {r.target:<8} {r.load.per_second:8.1f} {r.load.p50_ms:8.2f} "
-                f"{100 * r.cpu_s['service'] / secs:7.0f}% {100 * r.cpu_s['floor'] / secs:5.0f}% "
-                f"{100 * r.cpu_s['postgres'] / secs:8.0f}% {100 * r.cpu_s['machine'] / secs:7.0f}%"
+                f"{res.write.name:<36} {r.target:<8} {r.load.per_second:8.1f} "
+                f"{r.load.p50_ms:8.2f} {pct['service']:7.0f}% {pct['floor']:5.0f}% "
+                f"{pct['postgres']:8.0f}% {pct['machine']:7.0f}%"
                 + (f"  INVALID: {r.invalid}" if r.invalid else "")
             )
 
@@ -816,22 +884,28 @@ async def scale(url: str, bench: Bench, plan: Plan, logs: Path) -> list[str]:
     for workers in (1, 2):
         process, port = start_serve(url, workers, logs / f"serve-{workers}.log", broadcast=True)
         try:
-            scaled = Bench(**{**bench.__dict__, "service_pid": process.pid,
-                              "urls": {**bench.urls, "service": f"http://127.0.0.1:{port}"}})  # fmt: skip
+            scaled = Bench(
+                **{
+                    **bench.__dict__,
+                    "service_pid": process.pid,
+                    "urls": {**bench.urls, "service": f"http://127.0.0.1:{port}"},
+                }
+            )
             await scaled.run(update, "service", min(plan.warmup_seconds, 1) or 1)
             r = await scaled.run(update, "service", plan.scale_seconds)
             secs = r.wall_s
             each = ", ".join(
                 f"pid {k.split(':')[1]} {100 * v / secs:.0f}%"
-                for k, v in r.cpu_s.items() if k.startswith("service:")
-            )  # fmt: skip
+                for k, v in r.cpu_s.items()
+                if k.startswith("service:")
+            )
             lines.append(
                 f"{workers} process{'es' * (workers > 1)}: {r.load.per_second:.1f} updates/s,"
                 f" p50 {r.load.p50_ms:.1f} ms; CPU: service {100 * r.cpu_s['service'] / secs:.0f}%"
                 f" ({each}), postgres {100 * r.cpu_s['postgres'] / secs:.0f}%, machine"
                 f" {100 * r.cpu_s['machine'] / secs:.0f}% of {100 * (os.cpu_count() or 1)}%;"
-                f" {1000 * r.cpu_s['service'] / max(r.load.requests, 1):.1f} ms service CPU per update"
-                + (f"  INVALID: {r.invalid}" if r.invalid else "")
+                f" {1000 * r.cpu_s['service'] / max(r.load.requests, 1):.1f} ms service CPU"
+                " per update" + (f"  INVALID: {r.invalid}" if r.invalid else "")
             )
         finally:
             stop_server(process)
@@ -845,14 +919,20 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
     started = time.perf_counter()
     seeded = await seed(url)
     print(
-        f"seeded {POOLS + CONNECTIONS} pools through the domain in {time.perf_counter() - started:.1f} s",
+        f"seeded {POOLS + CONNECTIONS} pools through the domain in"
+        f" {time.perf_counter() - started:.1f} s",
         flush=True,
     )
     conn = await asyncpg.connect(dsn)
     monitor = await asyncpg.connect(dsn)
     servers: list[subprocess.Popen[bytes]] = []
+    role = f"{database}_floor"  # the floor's statements are told apart by their role
+    floor_dsn = make_url(dsn).set(username=role).render_as_string(hide_password=False)
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        await conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
+        await conn.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
         utility = await conn.fetchval("SHOW pg_stat_statements.track_utility")
         service, port = start_serve(url, 1, logs / "service.log", broadcast=False)
         servers.append(service)
@@ -860,8 +940,17 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
             t: {"content-type": "application/json", "authorization": f"Bearer {seeded.tokens[t]}"}
             for t in (PROVIDER, GUEST)
         }
-        bench = Bench(wrk, url, seeded, conn, Processes(service.pid, 0, database, monitor),
-                      service.pid, {"service": f"http://127.0.0.1:{port}"}, headers)  # fmt: skip
+        bench = Bench(
+            wrk,
+            url,
+            seeded,
+            conn,
+            Processes(service.pid, 0, database, monitor),
+            service.pid,
+            {"service": f"http://127.0.0.1:{port}"},
+            headers,
+            role,
+        )
         all_writes = writes(seeded)
         async with httpx.AsyncClient(base_url=bench.urls["service"], timeout=60) as client:
             found, answers = await capture_templates(bench, client, all_writes)
@@ -869,10 +958,13 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
         templates.write_text(json.dumps(found))
         floor, floor_port = start_server(
             ["bench.write_floor:app"],
-            {"BENCH_FLOOR_DSN": dsn, "BENCH_WRITE_FLOOR_TEMPLATES": str(templates),
-             "BENCH_FLOOR_CALLERS": json.dumps(seeded.callers)},
+            {
+                "BENCH_FLOOR_DSN": floor_dsn,
+                "BENCH_WRITE_FLOOR_TEMPLATES": str(templates),
+                "BENCH_FLOOR_CALLERS": json.dumps(seeded.callers),
+            },
             logs / "floor.log",
-        )  # fmt: skip
+        )
         servers.append(floor)
         bench.processes.floor = floor.pid
         bench.urls["floor"] = f"http://127.0.0.1:{floor_port}"
@@ -897,12 +989,14 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
         for process in servers:  # their logs are complete once they stopped
             stop_server(process)
         servers.clear()
-        for log in sorted(logs.glob("*.log")):
-            print(f"--- the end of {log.name}:\n{log.read_text()[-4000:]}", file=sys.stderr)
+        print_logs(logs)
         raise
     finally:
         for process in servers:
             stop_server(process)
+        with contextlib.suppress(asyncpg.UndefinedObjectError):
+            await conn.execute(f'DROP OWNED BY "{role}"')  # its grants, then the role
+            await conn.execute(f'DROP ROLE "{role}"')
         await conn.close()
         await monitor.close()
 
