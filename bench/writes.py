@@ -70,6 +70,8 @@ from bench.graphql_pools import (
     generator_version,
     machine_busy_s,
     print_logs,
+    service_counts,
+    settled_counts,
     start_server,
     stop_server,
     uptime,
@@ -524,6 +526,7 @@ class Round:
     statements: float  # pg_stat_statements calls over the round
     cpu_s: dict[str, float]  # service, floor, postgres, machine; service:<pid> per process
     wall_s: float  # the CPU was read over this time (wrk's start and end included)
+    served: int  # requests the statements were counted over (the service: by its metrics)
 
     @property
     def invalid(self) -> str:
@@ -570,6 +573,9 @@ class Bench:
             self.headers[tenant] if target == "service" else {"content-type": "application/json"}
         )
         script = lua_script(write, path, headers, f"{target[0]}{secrets.token_hex(4)}-")
+        transport = "graphql" if write.service_path == "/graphql" else "rest"
+        metrics = httpx.AsyncClient(base_url=self.urls["service"], timeout=60)
+        before_served = await service_counts(metrics, transport)
         pids = tree(self.service_pid)
         backends = BackendsCpu(self.processes)
         before_calls = await self.calls(target)
@@ -590,6 +596,12 @@ class Bench:
         finally:
             postgres = await backends.stop()
         wall = time.perf_counter() - started
+        served = load.requests
+        if target == "service":
+            # The requests wrk left in flight still run: statements and requests are both
+            # read once the service's counts stand still, the requests as it counted them.
+            served = int((await settled_counts(metrics, transport) - before_served).requests)
+        await metrics.aclose()
         statements = await self.calls(target) - before_calls
         used = {f"service:{p}": after[p] - before[p] for p in pids}
         cpu = used | {
@@ -598,7 +610,7 @@ class Bench:
             "postgres": postgres,
             "machine": after[-2] - before[-2],
         }
-        return Round(target, load, statements, cpu, wall)
+        return Round(target, load, statements, cpu, wall, served)
 
 
 @dataclass
@@ -621,7 +633,7 @@ class Result:
         rs = self.of(target)
         requests = sum(r.load.requests for r in rs) or 1
         if key == "statements":
-            return sum(r.statements for r in rs) / requests
+            return sum(r.statements for r in rs) / (sum(r.served for r in rs) or 1)
         return 1000 * sum(r.cpu_s[key] for r in rs) / requests
 
 
@@ -1026,7 +1038,9 @@ async def run(plan: Plan) -> None:
     print(
         "\nfloor/s, service/s: writes per second over the kept rounds; p50/p99 the mean of the"
         " rounds' percentiles; stmts/req: pg_stat_statements calls in the bench database over"
-        " the rounds / requests (f: floor, s: service); cpu ms/req: the service's processes,"
+        " the rounds / requests (f: floor, by its own role, over the requests wrk counted; s:"
+        " the service, its background tasks included, read once its request counter stood"
+        " still, over the requests it counted); cpu ms/req: the service's processes,"
         " the floor's, and the PostgreSQL backends under the service (pg(s)) and the floor"
         " (pg(f)); a round with a non-2xx answer, a socket error or that ran out of prepared"
         " items is INVALID."
