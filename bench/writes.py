@@ -103,7 +103,7 @@ class Plan:
     quick: bool = False
 
 
-FULL = Plan(5, 2, 2, 5, floor_guess=4000, service_guess=600)
+FULL = Plan(5, 2, 2, 8, floor_guess=4000, service_guess=600)
 QUICK = Plan(2, 1, 1, 2, floor_guess=1500, service_guess=300, quick=True)
 
 
@@ -903,7 +903,17 @@ async def scale(url: str, bench: Bench, plan: Plan, logs: Path) -> list[str]:
                     "urls": {**bench.urls, "service": f"http://127.0.0.1:{port}"},
                 }
             )
-            await scaled.run(update, "service", min(plan.warmup_seconds, 1) or 1)
+            # A fresh process: each worker answers a few updates one at a time first (its
+            # imports, caches and connections warm), then a warm-up round under load.
+            async with httpx.AsyncClient(base_url=scaled.urls["service"], timeout=120) as client:
+                for k in range(4 * workers):
+                    body = update.request_body(update.items[k % CONNECTIONS][0], "")
+                    answer = await client.post(
+                        update.service_path, content=body, headers=bench.headers[PROVIDER]
+                    )
+                    if answer.status_code != 200:
+                        raise RuntimeError(f"update: {answer.status_code} {answer.text}")
+            await scaled.run(update, "service", plan.warmup_seconds or 1)
             r = await scaled.run(update, "service", plan.scale_seconds)
             secs = r.wall_s
             each = ", ".join(
