@@ -40,8 +40,10 @@ through asyncpg's prepared-statement cache; the pool has the service's size
 a connection goes back to it (one statement, one round trip per write).
 
 The answer is the service's own answer to the same write (taken once by the bench, a
-template in BENCH_WRITE_FLOOR_TEMPLATES) with this write's values filled in: the same
-bytes in shape and size.
+template in BENCH_WRITE_FLOOR_TEMPLATES) with this write's ids, version, timestamps,
+`gpuModel` and quota `max` filled in from the statement and the request: the same bytes
+in shape and size. The other values (another pool's `used`, say) stay the template's: the
+floor does not read back the rows it did not write.
 
     BENCH_FLOOR_DSN=postgresql://... BENCH_WRITE_FLOOR_TEMPLATES=file.json \\
         BENCH_FLOOR_CALLERS='{"<tenant>": "<caller id>"}' uvicorn bench.write_floor:app
