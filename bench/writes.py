@@ -1,23 +1,23 @@
 """Benchmark: the write path (bookings, release, pool writes) against a one-statement
 floor, driven by wrk (printed figures, docs/performance.md "Writes").
 
-    .venv/bin/python -m bench.writes            # about 6 minutes
-    .venv/bin/python -m bench.writes --quick    # a smoke test, tiny rounds
+    .venv/bin/python -m bench.writes            # about 11 minutes
+    .venv/bin/python -m bench.writes --quick    # a smoke test, tiny rounds (about 4 minutes)
 
 Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL) with pg_stat_statements in
 shared_preload_libraries (the extension is created in the bench database), and Redis
 (BENCH_REDIS_URL) for the 2-process round. Installs `wrk` with apt-get on first use.
 
 Data (a fresh database, dropped at the end), written through the domain (app/capacity):
-a provider tenant with a site and 100 `metal-host` exclusive pools, each offered to one
-guest tenant (quota 10^12 gpu); capacity widened by adding nodes (1,024 GPUs each, through
+a provider tenant with a site and 100 `metal-host` exclusive pools booked in (and 16 more,
+one per wrk connection, for `offer` and `update`), each offered to one guest tenant (quota 10^12 gpu); capacity widened by adding nodes (1,024 GPUs each, through
 the domain) until every pool has room for the whole booking round. The widening is in the
 rollup itself, so a pool `update` (which refreshes the rollup from the nodes) keeps it;
 the booking rounds also run before the pool writes and each booking round re-checks the
 room first (the issue's first run lost its widened capacity to an update). What rounds
 consume (reservations to release, offers to withdraw, pools to archive) is prepared
-before each round with bulk SQL, rows of the shape the domain writes, sized from the rate
-of the previous round; a round that ran out is INVALID.
+before each round with bulk SQL, rows of the shape the domain writes, twice the previous
+round's rate; a round that ran out is INVALID.
 
 The floor is bench/write_floor.py (its docstring says what it does and skips), its own
 uvicorn process; the service one `bettercompute serve`. wrk runs 16 threads of one
