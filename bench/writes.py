@@ -10,8 +10,9 @@ shared_preload_libraries (the extension is created in the bench database), and R
 
 Data (a fresh database, dropped at the end), written through the domain (app/capacity):
 a provider tenant with a site and 100 `metal-host` exclusive pools booked in (and 16 more,
-one per wrk connection, for `offer` and `update`), each offered to one guest tenant (quota 10^12 gpu); capacity widened by adding nodes (1,024 GPUs each, through
-the domain) until every pool has room for the whole booking round. The widening is in the
+one per wrk connection, for `offer` and `update`), each offered to one guest tenant
+(quota 10^12 gpu); capacity widened by adding nodes (1,024 GPUs each, through the domain)
+until every pool has room for the whole booking round. The widening is in the
 rollup itself, so a pool `update` (which refreshes the rollup from the nodes) keeps it;
 the booking rounds also run before the pool writes and each booking round re-checks the
 room first (the issue's first run lost its widened capacity to an update). What rounds
