@@ -9,6 +9,7 @@ from typing import Annotated, Any, Protocol
 
 import strawberry
 
+from app.capacity.inputs import CreateReservationInput as DomainCreateReservationInput
 from app.capacity.inputs import GetPoolInput, parse_input
 from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
@@ -173,7 +174,18 @@ class Mutation:
     async def create_reservation(
         self, info: Info, input: CreateReservationArgument
     ) -> ReservationPayload:
-        return _reservation(await _call(info, "reservations", "create", input))
+        ctx = info.context
+        if not (ctx.settings.fast_path and ctx.capacity.compiles_reads):
+            return _reservation(await _call(info, "reservations", "create", input))
+        principal = await ctx.principal()
+        inp = parse_input(DomainCreateReservationInput, input.to_seed())
+
+        async def booking() -> ReservationView:
+            # One statement (app/capacity/booking.py), else the plain path's answer.
+            booked = await ctx.capacity.book(principal, inp, None)
+            return booked or await ctx.capacity.create_reservation(principal, inp)
+
+        return _reservation(await ctx.write(booking))
 
     @strawberry.mutation(
         description="Ends a reservation and returns its bookings; releasing twice is a no-op."

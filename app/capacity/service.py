@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity import (
+    booking,
     explain,
     json_reads,
     lending,
@@ -300,6 +301,16 @@ class Capacity:
         return await self._read(reads, lambda conn: lending.lending(conn, principal, inp))
 
     # -- reservations --------------------------------------------------------------------
+
+    async def book(
+        self, principal: Principal, inp: CreateReservationInput, token_hash: str | None
+    ) -> ReservationView | None:
+        """`create_reservation` as one statement (PostgreSQL, app/capacity/booking.py), or
+        None: `create_reservation` then answers, error and all. With `token_hash`, the
+        principal was remembered by admission and the statement checks its token."""
+        if not self.compiles_reads:
+            return None
+        return await booking.book(self.db, principal, inp, token_hash)
 
     async def create_reservation(
         self, principal: Principal, inp: CreateReservationInput
