@@ -11,6 +11,7 @@ import strawberry
 
 from app.capacity.inputs import CreateReservationInput as DomainCreateReservationInput
 from app.capacity.inputs import GetPoolInput, parse_input
+from app.capacity.inputs import ReleaseReservationInput as DomainReleaseReservationInput
 from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
 from schema.context import Context
@@ -193,4 +194,14 @@ class Mutation:
     async def release_reservation(
         self, info: Info, input: ReleaseReservationArgument
     ) -> ReservationPayload:
-        return _reservation(await _call(info, "reservations", "release", input))
+        ctx = info.context
+        if not (ctx.settings.fast_path and ctx.capacity.compiles_reads):
+            return _reservation(await _call(info, "reservations", "release", input))
+        principal = await ctx.principal()
+        inp = parse_input(DomainReleaseReservationInput, input.to_seed())
+
+        async def release() -> ReservationView:
+            released = await ctx.capacity.release(principal, inp, None)
+            return released or await ctx.capacity.release_reservation(principal, inp)
+
+        return _reservation(await ctx.write(release))

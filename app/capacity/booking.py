@@ -97,7 +97,7 @@ class BookingStatement:
         return tuple(values[n] if n in values else self.fixed[n] for n in self.names)
 
 
-def _p(name: str, type_: Any = None) -> Any:
+def param(name: str, type_: Any = None) -> Any:
     return bindparam(name, type_=type_ if type_ is not None else String())
 
 
@@ -105,24 +105,24 @@ def _count(cte: CTE) -> Any:
     return select(func.count()).select_from(cte).scalar_subquery()
 
 
-def _caller_live() -> ColumnElement[bool]:
+def caller_live() -> ColumnElement[bool]:
     """The remembered caller's token still live, its binding the role it was remembered
     with and not narrowed; no token (a caller looked up for this request): true."""
     live = exists().where(
-        ApiToken.token_hash == _p("token"),
+        ApiToken.token_hash == param("token"),
         ApiToken.revoked_at.is_(None),
         RoleBinding.caller_id == ApiToken.caller_id,
-        RoleBinding.role == _p("role"),
+        RoleBinding.role == param("role"),
         RoleBinding.conditions == cast(literal("{}"), JSONB),
     )
-    return or_(_p("token").is_(None), live)
+    return or_(param("token").is_(None), live)
 
 
 def _statement(count: int, keyed: bool) -> Select[Any]:
-    names = [_p(f"resource_{i}") for i in range(count)]
+    names = [param(f"resource_{i}") for i in range(count)]
     amounts = [bindparam(f"amount_{i}", type_=QuotaRow.used.type) for i in range(count)]
     asked = list(zip(names, amounts, strict=True))
-    pool_id, tenant_id = _p("pool"), _p("tenant")
+    pool_id, tenant_id = param("pool"), param("tenant")
 
     lineage = lineage_cte(tenant_id, "lineage")
     grant = select(nearest_grant_tenant(lineage, pool_id).label("tenant_id")).cte("grant_row")
@@ -135,9 +135,9 @@ def _statement(count: int, keyed: bool) -> Select[Any]:
     room = reservations.headroom(pool_id, quota_tenant, names).cte("room")
     fits = [and_(room.c.resource == n, room.c.room >= a) for n, a in asked]
     fitting = select(func.count()).select_from(room).where(or_(*fits)).scalar_subquery()
-    seen = exists().where(IdempotencyRecord.resource_id == _p("rid")) if keyed else None
+    seen = exists().where(IdempotencyRecord.resource_id == param("rid")) if keyed else None
     declined = or_(
-        not_(_caller_live()),
+        not_(caller_live()),
         not_(exists(select(lineage.c.id))),
         not_(exists(select(target.c.id))),
         *([seen] if seen is not None else []),
@@ -200,11 +200,11 @@ def _statement(count: int, keyed: bool) -> Select[Any]:
                     "created_at",
                 ],
                 select(
-                    _p("rid"),
+                    param("rid"),
                     literal("reservations.create"),
                     tenant_id,
-                    _p("caller_of"),
-                    _p("idem_key"),
+                    param("caller_of"),
+                    param("idem_key"),
                     bindparam("print", type_=JSONB()),
                     bindparam("booked_at", type_=Reservation.created_at.type),
                 ).where(held),
@@ -226,7 +226,7 @@ def _statement(count: int, keyed: bool) -> Select[Any]:
                 "ended_at",
             ],
             select(
-                _p("rid"),
+                param("rid"),
                 pool_id,
                 tenant_id,
                 quota_tenant,
@@ -267,7 +267,12 @@ def _statement(count: int, keyed: bool) -> Select[Any]:
 @cache
 def booking_statement(count: int, keyed: bool) -> BookingStatement:
     """Built once per (number of resources, with an idempotency key or not)."""
-    compiled = _statement(count, keyed).compile(dialect=_DIALECT)
+    return compile_statement(_statement(count, keyed))
+
+
+def compile_statement(statement: Select[Any]) -> BookingStatement:
+    """PostgreSQL text with asyncpg's positional parameters."""
+    compiled = statement.compile(dialect=_DIALECT)
     names = tuple(compiled.positiontup or ())
     return BookingStatement(str(compiled), names, dict(compiled.params))
 
@@ -307,7 +312,9 @@ class BookingCall:
         return values
 
 
-async def _run(db: Database, statement: BookingStatement, params: tuple[Any, ...]) -> str | None:
+async def run_statement(
+    db: Database, statement: BookingStatement, params: tuple[Any, ...]
+) -> str | None:
     """One round trip on the direct pool, committed by itself; behind PgBouncer, in a
     transaction of the writer's (its statement timeout is SET LOCAL there)."""
     if db.direct is not None:
@@ -367,7 +374,7 @@ async def book(
     )
     statement = booking_statement(len(resources), inp.idempotency_key is not None)
     try:
-        text = await _run(db, statement, statement.params(booking.values()))
+        text = await run_statement(db, statement, statement.params(booking.values()))
     except Exception as exc:
         if sqlstate(exc) == UNIQUE_VIOLATION:
             return None  # a twin committed first: the plain path reads what it made

@@ -173,30 +173,43 @@ async def _refuse_if_archived(session: AsyncSession, pool_id: str) -> None:
         raise archived_refusal(pool_id)
 
 
+def give_back_quota(
+    pool_id: Value, tenant_id: Value, resource: Value, amount: int | Value
+) -> Update:
+    return (
+        update(QuotaRow)
+        .where(
+            QuotaRow.pool_id == pool_id,
+            QuotaRow.tenant_id == tenant_id,
+            QuotaRow.resource == resource,
+        )
+        .values(used=QuotaRow.used - amount)
+    )
+
+
+def give_back_capacity(pool_id: Value, resource: Value, amount: int | Value) -> Update:
+    left = CapacityRow.booked - amount
+    return (
+        update(CapacityRow)
+        .where(CapacityRow.pool_id == pool_id, CapacityRow.resource == resource)
+        # allocatable was held up at `booked` after a shrink; it follows the bookings
+        # back down to `total` as they end (the node takes its new layout once idle).
+        .values(
+            booked=left,
+            allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
+        )
+    )
+
+
 async def _unbook(uow: UnitOfWork, rsv: Reservation) -> None:
     session = uow.session
-    for resource in sorted(rsv.resources):
-        await session.execute(
-            update(QuotaRow)
-            .where(
-                QuotaRow.pool_id == rsv.pool_id,
-                QuotaRow.tenant_id == rsv.quota_tenant_id,
-                QuotaRow.resource == resource,
-            )
-            .values(used=QuotaRow.used - int(rsv.resources[resource]))
-        )
-    for resource in sorted(rsv.resources):
-        left = CapacityRow.booked - int(rsv.resources[resource])
-        await session.execute(
-            update(CapacityRow)
-            .where(CapacityRow.pool_id == rsv.pool_id, CapacityRow.resource == resource)
-            # allocatable was held up at `booked` after a shrink; it follows the bookings
-            # back down to `total` as they end (the node takes its new layout once idle).
-            .values(
-                booked=left,
-                allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
-            )
-        )
+    order = sorted(rsv.resources)
+    for resource in order:
+        amount = int(rsv.resources[resource])
+        await session.execute(give_back_quota(rsv.pool_id, rsv.quota_tenant_id, resource, amount))
+    for resource in order:
+        amount = int(rsv.resources[resource])
+        await session.execute(give_back_capacity(rsv.pool_id, resource, amount))
 
 
 async def create_reservation(

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity import (
     booking,
+    booking_release,
     explain,
     json_reads,
     lending,
@@ -319,6 +320,15 @@ class Capacity:
             lambda uow: reservations.create_reservation(uow, principal, inp),
             retry=inp.idempotency_key is not None,
         )
+
+    async def release(
+        self, principal: Principal, inp: ReleaseReservationInput, token_hash: str | None
+    ) -> ReservationView | None:
+        """`release_reservation` as one statement (app/capacity/booking_release.py), or
+        None: `release_reservation` then answers."""
+        if not self.compiles_reads:
+            return None
+        return await booking_release.release(self.db, principal, inp, token_hash)
 
     async def release_reservation(
         self, principal: Principal, inp: ReleaseReservationInput

@@ -10,11 +10,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.capacity.inputs import CreateReservationInput, MethodInput, parse_input
+from app.capacity.inputs import (
+    CreateReservationInput,
+    MethodInput,
+    ReleaseReservationInput,
+    parse_input,
+)
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.views import ImpactView, ReservationView
-from app.catalog import CREATE_RESERVATION, METHODS, POOL_METHODS, Method
+from app.catalog import CREATE_RESERVATION, METHODS, POOL_METHODS, RELEASE_RESERVATION, Method
 from app.errors import InvalidInput
 from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
@@ -33,8 +38,9 @@ def _endpoint(method: Method) -> Any:
     # `get` may be answered by one compiled statement that also checks the token, so a
     # caller this process has seen is not looked up first (app/http/admission.py).
     compiled = Capacity.compile_read(GET_SHAPE) if method.path == GET_PATH else None
-    # A booking may be one statement that checks the token too (app/capacity/booking.py).
-    books = method is CREATE_RESERVATION
+    # A booking or release may be one statement that checks the token too
+    # (app/capacity/booking.py, booking_release.py).
+    books = method is CREATE_RESERVATION or method is RELEASE_RESERVATION
 
     async def endpoint(request: Request) -> Response:
         capacity: Capacity = request.app.state.capacity
@@ -73,7 +79,7 @@ def _endpoint(method: Method) -> Any:
                     await admitted.confirm()
                 raise
             if books and fast:
-                assert isinstance(inp, CreateReservationInput)
+                assert isinstance(inp, CreateReservationInput | ReleaseReservationInput)
                 booked = await _booked(capacity, admission, admitted, inp)
                 if booked is not None:
                     return JSONResponse({method.result_key: render(booked)})
@@ -116,12 +122,19 @@ async def _input(request: Request, method: Method) -> MethodInput:
 
 
 async def _booked(
-    capacity: Capacity, admission: Admission, admitted: Admitted, inp: CreateReservationInput
+    capacity: Capacity,
+    admission: Admission,
+    admitted: Admitted,
+    inp: CreateReservationInput | ReleaseReservationInput,
 ) -> ReservationView | None:
-    """The one-statement booking's answer, or None for the plain path, with a remembered
-    caller then looked up (UNAUTHENTICATED when its token is no longer good). A refusal
-    the statement is sure of (RESOURCE_EXHAUSTED, INVALID_STATE) is raised from here."""
-    booked = await capacity.book(admitted.principal, inp, admitted.token_hash)
+    """The one-statement booking's (or release's) answer, or None for the plain path,
+    with a remembered caller then looked up (UNAUTHENTICATED when its token is no longer
+    good). A refusal the statement is sure of (RESOURCE_EXHAUSTED, INVALID_STATE) is
+    raised from here."""
+    if isinstance(inp, ReleaseReservationInput):
+        booked = await capacity.release(admitted.principal, inp, admitted.token_hash)
+    else:
+        booked = await capacity.book(admitted.principal, inp, admitted.token_hash)
     if booked is None and admitted.remembered:
         admission.forget(admitted)
         await admitted.confirm()

@@ -96,10 +96,14 @@ async def test_writes_take_a_constant_number_of_statements(
             counts[f"booking, {label}"], booked = await counted("reservations/create", token, body)
             rsv = booked["reservation"]["id"]  # type: ignore[index]
             release = {"tenantId": tenant, "reservationId": rsv}
-            counts[f"release, {label}"], _ = await counted("reservations/release", token, release)
-            counts[f"release again, {label}"], _ = await counted(
+            counts[f"release, {label}"], ended = await counted(
                 "reservations/release", token, release
             )
+            counts[f"release again, {label}"], again = await counted(
+                "reservations/release", token, release
+            )
+            assert ended["reservation"]["state"] == "ended", ended  # type: ignore[index]
+            assert again == ended, again
             body["resources"] = dict.fromkeys(booked_resources, 1000)  # past the quota
             counts[f"refused, {label}"], refused = await counted("reservations/create", token, body)
             assert refused["error"]["code"] == "RESOURCE_EXHAUSTED", refused  # type: ignore[index]
