@@ -8,6 +8,10 @@ before capacity rows, each in resource order, so concurrent calls cannot deadloc
 A booking takes no lock on the pool row. It checks the pool's state once it holds the
 capacity rows it books, and an archive locks those same rows before it commits: so a
 booking either commits before the archive or sees it (docs/decisions/0004).
+
+On PostgreSQL a booking and a release are first tried as one statement each, built from
+the builders here (take_quota, take_capacity, headroom, give_back_*: booking.py,
+booking_release.py); this plain path answers wherever that one does not, and on SQLite.
 """
 
 from __future__ import annotations
