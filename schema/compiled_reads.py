@@ -113,6 +113,7 @@ _PAGE_INFO = {
     "endCursor": "end_cursor",
 }
 _ROOTS = {"pools": PageShape, "pool": PoolShape}
+_PLANNED = (OperationType.QUERY, OperationType.MUTATION)
 # A plan keeps a shape per combination of the variables its directives read.
 _MAX_SHAPES_PER_PLAN = 16
 # The plans are bounded by the bytes they hold (BETTERCOMPUTE_COMPILED_PLAN_CACHE_BYTES):
@@ -285,8 +286,8 @@ class CompiledReads:
     def _make_plan(self, query: str, operation_name: str | None) -> Plan | None:
         document = parse(query, no_location=True)
         operation = get_operation_ast(document, operation_name)
-        if operation is None or operation.operation is not OperationType.QUERY:
-            return None
+        if operation is None or operation.operation not in _PLANNED:
+            return None  # a mutation's plan serves bookings (schema/compiled_writes.py)
         if any(
             getattr(d, "variable_definitions", None)
             for d in document.definitions
@@ -349,6 +350,8 @@ class CompiledReads:
         """The request's compiled read, arguments and cost, or None for the plain path
         (variables that do not coerce, a selection the plan does not cover, a cost over
         budget)."""
+        if plan.operation.operation is not OperationType.QUERY:
+            return None
         raw = dict(variables or {})
         coerced = self._coerced(plan, raw)
         full: VariableValues | None = None

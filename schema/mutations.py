@@ -9,7 +9,9 @@ from typing import Annotated, Any, Protocol
 
 import strawberry
 
+from app.capacity.inputs import CreateReservationInput as DomainCreateReservationInput
 from app.capacity.inputs import GetPoolInput, parse_input
+from app.capacity.inputs import ReleaseReservationInput as DomainReleaseReservationInput
 from app.capacity.views import ImpactView, PoolDetail, ReservationView
 from app.catalog import method
 from schema.context import Context
@@ -173,7 +175,18 @@ class Mutation:
     async def create_reservation(
         self, info: Info, input: CreateReservationArgument
     ) -> ReservationPayload:
-        return _reservation(await _call(info, "reservations", "create", input))
+        ctx = info.context
+        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_reads):
+            return _reservation(await _call(info, "reservations", "create", input))
+        principal = await ctx.principal()
+        inp = parse_input(DomainCreateReservationInput, input.to_seed())
+
+        async def booking() -> ReservationView:
+            # One statement (app/capacity/booking.py), else the plain path's answer.
+            booked = await ctx.capacity.book(principal, inp, None)
+            return booked or await ctx.capacity.create_reservation(principal, inp)
+
+        return _reservation(await ctx.write(booking))
 
     @strawberry.mutation(
         description="Ends a reservation and returns its bookings; releasing twice is a no-op."
@@ -181,4 +194,14 @@ class Mutation:
     async def release_reservation(
         self, info: Info, input: ReleaseReservationArgument
     ) -> ReservationPayload:
-        return _reservation(await _call(info, "reservations", "release", input))
+        ctx = info.context
+        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_reads):
+            return _reservation(await _call(info, "reservations", "release", input))
+        principal = await ctx.principal()
+        inp = parse_input(DomainReleaseReservationInput, input.to_seed())
+
+        async def release() -> ReservationView:
+            released = await ctx.capacity.release(principal, inp, None)
+            return released or await ctx.capacity.release_reservation(principal, inp)
+
+        return _reservation(await ctx.write(release))

@@ -42,6 +42,7 @@ from app.http.status import http_status, request_failure
 from app.metrics import COMPILED_READS
 from app.observe import record_code, request_info
 from schema.compiled_reads import CompiledReads, Plan
+from schema.compiled_writes import CompiledWrites
 from schema.context import Context
 from schema.errors import INVALID_INPUT, coded
 from schema.graphiql import graphiql_page
@@ -115,6 +116,8 @@ class GraphQLView(GraphQL[Context, None]):
             if settings.compiled_reads
             else None
         )
+        # Bookings answered by the domain's one statement, on the reads' plans.
+        self.writes = CompiledWrites(schema, self.compiled) if self.compiled is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -238,6 +241,15 @@ class GraphQLView(GraphQL[Context, None]):
             return None, None
         key = (query, name)
         plan = self.compiled.plan(query, name)
+        if plan is not None and self.writes is not None and self.writes.covers(plan):
+            assert admitted.token_hash is not None
+            written = await self.writes.answer(
+                plan, variables, context.capacity, admitted.principal, admitted.token_hash
+            )
+            if written is None:  # the plain path answers, after the token is looked up
+                request.app.state.admission.forget(admitted)
+                return key, None
+            return key, self._answered(context, name, written.data, written.cost)
         try:
             prepared = self.compiled.prepare(plan, variables, context.capacity) if plan else None
         except GraphQLError:  # an argument that does not coerce: the plain path says so
@@ -272,10 +284,16 @@ class GraphQLView(GraphQL[Context, None]):
             _DECLINED.inc()
             return key, None
         _ANSWERED.inc()
+        return key, self._answered(context, name, data, prepared.cost)
+
+    def _answered(
+        self, context: Context, name: str | None, data: dict[str, Any], cost: int
+    ) -> Response:
+        """What process_result and create_response make of an answer without errors."""
         info = request_info()
         if info is not None:
             info.graphql_operation(name)
-        cost = min(prepared.cost, MAX_REPORTED_COST)
+        cost = min(cost, MAX_REPORTED_COST)
         operation_cost(context, cost)
         # What process_result and create_response make of an answer without errors.
         answer: dict[str, Any] = {"data": data}
@@ -283,7 +301,7 @@ class GraphQLView(GraphQL[Context, None]):
             answer["extensions"] = {"cost": cost}
         media = response_media.get()
         media_type = f"{media}; charset=utf-8" if media == GRAPHQL_RESPONSE_JSON else media
-        return key, Response(self.encode_json(answer), media_type=media_type)
+        return Response(self.encode_json(answer), media_type=media_type)
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket

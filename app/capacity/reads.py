@@ -7,7 +7,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, func, literal, or_, select
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Row,
+    ScalarSelect,
+    Select,
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+)
 
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
@@ -44,16 +55,42 @@ class Actor:
         return self.lineage[1:]
 
 
-async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
-    """The tenant and its ancestors, nearest first; NOT_FOUND for an unknown tenant."""
+def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE:
+    """The tenant (a value or a bound parameter) and its ancestors as a recursive CTE of
+    (id, parent_id, depth), depth 0 for the tenant itself."""
     tree = select(Tenant.id, Tenant.parent_id, literal(0).label("depth")).where(
         Tenant.id == tenant_id
     )
-    chain = tree.cte("chain", recursive=True)
+    chain = tree.cte(name, recursive=True)
     parent = select(Tenant.id, Tenant.parent_id, (chain.c.depth + 1).label("depth")).join(
         chain, Tenant.id == chain.c.parent_id
     )
-    chain = chain.union_all(parent)
+    return chain.union_all(parent)
+
+
+def nearest_grant_tenant(lineage: CTE, pool_id: str | ColumnElement[str]) -> ScalarSelect[Any]:
+    """The tenant of the lineage whose authz row lets it see the pool: its own row first,
+    else the nearest ancestor's with includeDescendants (load_grants' rank, in SQL)."""
+    holds = (
+        select(AuthzRow.tenant_id)
+        .where(
+            AuthzRow.tenant_id == lineage.c.id,
+            AuthzRow.pool_id == pool_id,
+            or_(lineage.c.depth == 0, AuthzRow.include_descendants),
+        )
+        .exists()
+    )
+    return select(lineage.c.id).where(holds).order_by(lineage.c.depth).limit(1).scalar_subquery()
+
+
+def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
+    """Among granted pools, the archived ones are seen by their owner only."""
+    return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
+
+
+async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
+    """The tenant and its ancestors, nearest first; NOT_FOUND for an unknown tenant."""
+    chain = lineage_cte(tenant_id)
     rows = (await executor.execute(select(chain.c.id).order_by(chain.c.depth))).all()
     if not rows:
         raise NotFound(f"tenant {tenant_id} not found", field="tenantId")
@@ -69,9 +106,7 @@ def _grant_filter(actor: Actor) -> Any:
 
 def _visible_pools_query(actor: Actor) -> Select[Any]:
     granted = select(AuthzRow.pool_id).where(_grant_filter(actor))
-    return select(Pool.__table__).where(
-        Pool.id.in_(granted), or_(Pool.archived.is_(False), Pool.tenant_id == actor.tenant_id)
-    )
+    return select(Pool.__table__).where(Pool.id.in_(granted), pool_seen_by(actor.tenant_id))
 
 
 async def load_grants(

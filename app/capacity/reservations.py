@@ -8,13 +8,28 @@ before capacity rows, each in resource order, so concurrent calls cannot deadloc
 A booking takes no lock on the pool row. It checks the pool's state once it holds the
 capacity rows it books, and an archive locks those same rows before it commits: so a
 booking either commits before the archive or sees it (docs/decisions/0004).
+
+On PostgreSQL a booking and a release are first tried as one statement each, built from
+the builders here (take_quota, take_capacity, headroom, give_back_*: booking.py,
+booking_release.py); this plain path answers wherever that one does not, and on SQLite.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import CursorResult, Update, case, literal, select, union_all, update
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    CursorResult,
+    Update,
+    case,
+    literal,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import pool_attributes, resolve_actor
@@ -40,7 +55,10 @@ def _rowcount(result: Any) -> int:
     return result.rowcount
 
 
-def _take_quota(pool_id: str, tenant_id: str, resource: str, amount: int) -> Update:
+Value = str | ColumnElement[Any]  # a value, a bound parameter or a scalar subquery
+
+
+def take_quota(pool_id: Value, tenant_id: Value, resource: Value, amount: int | Value) -> Update:
     return (
         update(QuotaRow)
         .where(
@@ -53,7 +71,7 @@ def _take_quota(pool_id: str, tenant_id: str, resource: str, amount: int) -> Upd
     )
 
 
-def _take_capacity(pool_id: str, resource: str, amount: int) -> Update:
+def take_capacity(pool_id: Value, resource: Value, amount: int | Value) -> Update:
     return (
         update(CapacityRow)
         .where(
@@ -65,10 +83,47 @@ def _take_capacity(pool_id: str, resource: str, amount: int) -> Update:
     )
 
 
-def _exhausted(limit: str, resource: str) -> ResourceExhausted:
+def exhausted(limit: str, resource: str) -> ResourceExhausted:
     return ResourceExhausted(
         f"{limit} for {resource} would be exceeded", field=f"resources.{resource}", limit=limit
     )
+
+
+def headroom(
+    pool_id: str | ColumnElement[str],
+    quota_tenant: str | ColumnElement[str],
+    resources: Sequence[str | ColumnElement[str]],
+) -> CompoundSelect[Any]:
+    """What is left now of each quota and capacity row a booking of `resources` takes:
+    (limit, resource, room), read from the committed rows without locking any."""
+    return union_all(
+        select(
+            literal("quota").label("limit"),
+            QuotaRow.resource,
+            (QuotaRow.max - QuotaRow.used).label("room"),
+        ).where(
+            QuotaRow.pool_id == pool_id,
+            QuotaRow.tenant_id == quota_tenant,
+            QuotaRow.resource.in_(resources),
+        ),
+        select(
+            literal("capacity").label("limit"),
+            CapacityRow.resource,
+            (CapacityRow.allocatable - CapacityRow.booked).label("room"),
+        ).where(CapacityRow.pool_id == pool_id, CapacityRow.resource.in_(resources)),
+    )
+
+
+def first_exhausted(
+    room: Mapping[tuple[str, str], int], resources: Mapping[str, int]
+) -> ResourceExhausted | None:
+    """The refusal a booking meets first, in the order the guarded UPDATEs take the rows
+    (quota rows, then capacity rows, each in resource order); a missing row grants 0."""
+    for limit in ("quota", "capacity"):
+        for resource in sorted(resources):
+            if room.get((limit, resource), 0) < resources[resource]:
+                return exhausted(limit, resource)
+    return None
 
 
 async def _refuse_if_full_now(
@@ -79,25 +134,10 @@ async def _refuse_if_full_now(
     queueing one by one for its row lock (and holding a connection while they wait). Only
     a refusal is taken from this read: a booking that fits is still decided by the guarded
     UPDATEs below."""
-    headroom = union_all(
-        select(
-            literal("quota").label("limit"), QuotaRow.resource, QuotaRow.max - QuotaRow.used
-        ).where(
-            QuotaRow.pool_id == pool_id,
-            QuotaRow.tenant_id == quota_tenant,
-            QuotaRow.resource.in_(resources),
-        ),
-        select(
-            literal("capacity").label("limit"),
-            CapacityRow.resource,
-            CapacityRow.allocatable - CapacityRow.booked,
-        ).where(CapacityRow.pool_id == pool_id, CapacityRow.resource.in_(resources)),
-    )
-    room = {(limit, resource): left for limit, resource, left in await session.execute(headroom)}
-    for limit in ("quota", "capacity"):  # the order the guarded UPDATEs report in
-        for resource in sorted(resources):
-            if room.get((limit, resource), 0) < resources[resource]:  # a missing row grants 0
-                raise _exhausted(limit, resource)
+    rows = await session.execute(headroom(pool_id, quota_tenant, list(resources)))
+    refused = first_exhausted({(r.limit, r.resource): r.room for r in rows}, resources)
+    if refused is not None:
+        raise refused
 
 
 async def _book(
@@ -107,12 +147,12 @@ async def _book(
     await _refuse_if_full_now(uow.session, pool_id, quota_tenant, resources)
     order = sorted(resources)
     steps = [
-        *(("quota", r, _take_quota(pool_id, quota_tenant, r, resources[r])) for r in order),
-        *(("capacity", r, _take_capacity(pool_id, r, resources[r])) for r in order),
+        *(("quota", r, take_quota(pool_id, quota_tenant, r, resources[r])) for r in order),
+        *(("capacity", r, take_capacity(pool_id, r, resources[r])) for r in order),
     ]
     for limit, resource, statement in steps:
         if _rowcount(await uow.session.execute(statement)) != 1:
-            raise _exhausted(limit, resource)
+            raise exhausted(limit, resource)
 
 
 async def lock_capacity_rows(session: AsyncSession, pool_id: str) -> None:
@@ -127,40 +167,53 @@ async def lock_capacity_rows(session: AsyncSession, pool_id: str) -> None:
     )
 
 
-def _archived(pool_id: str) -> InvalidState:
+def archived_refusal(pool_id: str) -> InvalidState:
     return InvalidState(f"pool {pool_id} is archived and takes no new reservations", field="poolId")
 
 
 async def _refuse_if_archived(session: AsyncSession, pool_id: str) -> None:
     """Read afresh (a new statement sees every commit before it, READ COMMITTED)."""
     if await session.scalar(select(Pool.archived).where(Pool.id == pool_id)):
-        raise _archived(pool_id)
+        raise archived_refusal(pool_id)
+
+
+def give_back_quota(
+    pool_id: Value, tenant_id: Value, resource: Value, amount: int | Value
+) -> Update:
+    return (
+        update(QuotaRow)
+        .where(
+            QuotaRow.pool_id == pool_id,
+            QuotaRow.tenant_id == tenant_id,
+            QuotaRow.resource == resource,
+        )
+        .values(used=QuotaRow.used - amount)
+    )
+
+
+def give_back_capacity(pool_id: Value, resource: Value, amount: int | Value) -> Update:
+    left = CapacityRow.booked - amount
+    return (
+        update(CapacityRow)
+        .where(CapacityRow.pool_id == pool_id, CapacityRow.resource == resource)
+        # allocatable was held up at `booked` after a shrink; it follows the bookings
+        # back down to `total` as they end (the node takes its new layout once idle).
+        .values(
+            booked=left,
+            allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
+        )
+    )
 
 
 async def _unbook(uow: UnitOfWork, rsv: Reservation) -> None:
     session = uow.session
-    for resource in sorted(rsv.resources):
-        await session.execute(
-            update(QuotaRow)
-            .where(
-                QuotaRow.pool_id == rsv.pool_id,
-                QuotaRow.tenant_id == rsv.quota_tenant_id,
-                QuotaRow.resource == resource,
-            )
-            .values(used=QuotaRow.used - int(rsv.resources[resource]))
-        )
-    for resource in sorted(rsv.resources):
-        left = CapacityRow.booked - int(rsv.resources[resource])
-        await session.execute(
-            update(CapacityRow)
-            .where(CapacityRow.pool_id == rsv.pool_id, CapacityRow.resource == resource)
-            # allocatable was held up at `booked` after a shrink; it follows the bookings
-            # back down to `total` as they end (the node takes its new layout once idle).
-            .values(
-                booked=left,
-                allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
-            )
-        )
+    order = sorted(rsv.resources)
+    for resource in order:
+        amount = int(rsv.resources[resource])
+        await session.execute(give_back_quota(rsv.pool_id, rsv.quota_tenant_id, resource, amount))
+    for resource in order:
+        amount = int(rsv.resources[resource])
+        await session.execute(give_back_capacity(rsv.pool_id, resource, amount))
 
 
 async def create_reservation(
@@ -184,8 +237,7 @@ async def create_reservation(
     pool = await visible_pool(session, actor, inp.pool_id)
     decide_pool(principal, CREATE_RESERVATION.permission, pool.grant.attributes)
     if pool.archived:
-        raise _archived(pool.id)
-    await call.remember(session)
+        raise archived_refusal(pool.id)
     try:
         await _book(uow, pool.id, pool.grant.tenant_id, dict(inp.resources))
     except ResourceExhausted:
@@ -195,6 +247,10 @@ async def create_reservation(
     # Holding the capacity rows now, so an archive either committed before (seen here)
     # or waits for this booking to commit.
     await _refuse_if_archived(session, pool.id)
+    # Recorded once the rows are held, as the one-statement booking does (booking.py):
+    # a twin then waits for the first call at the rows, not while holding the record
+    # the other needs, and fails on the key when the first call committed.
+    await call.remember(session)
     rsv = Reservation(
         id=call.resource_id,
         pool_id=pool.id,

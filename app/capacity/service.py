@@ -15,6 +15,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity import (
+    booking,
+    booking_release,
     explain,
     json_reads,
     lending,
@@ -309,6 +311,16 @@ class Capacity:
 
     # -- reservations --------------------------------------------------------------------
 
+    async def book(
+        self, principal: Principal, inp: CreateReservationInput, token_hash: str | None
+    ) -> ReservationView | None:
+        """`create_reservation` as one statement (PostgreSQL, app/capacity/booking.py), or
+        None: `create_reservation` then answers, error and all. With `token_hash`, the
+        principal was remembered by admission and the statement checks its token."""
+        if not self.compiles_reads:
+            return None
+        return await booking.book(self.db, principal, inp, token_hash)
+
     async def create_reservation(
         self, principal: Principal, inp: CreateReservationInput
     ) -> ReservationView:
@@ -316,6 +328,15 @@ class Capacity:
             lambda uow: reservations.create_reservation(uow, principal, inp),
             retry=inp.idempotency_key is not None,
         )
+
+    async def release(
+        self, principal: Principal, inp: ReleaseReservationInput, token_hash: str | None
+    ) -> ReservationView | None:
+        """`release_reservation` as one statement (app/capacity/booking_release.py), or
+        None: `release_reservation` then answers."""
+        if not self.compiles_reads:
+            return None
+        return await booking_release.release(self.db, principal, inp, token_hash)
 
     async def release_reservation(
         self, principal: Principal, inp: ReleaseReservationInput

@@ -10,13 +10,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.capacity.inputs import parse_input
+from app.capacity.inputs import (
+    CreateReservationInput,
+    MethodInput,
+    ReleaseReservationInput,
+    parse_input,
+)
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
-from app.capacity.views import ImpactView
-from app.catalog import METHODS, POOL_METHODS, Method
+from app.capacity.views import ImpactView, ReservationView
+from app.catalog import CREATE_RESERVATION, METHODS, POOL_METHODS, RELEASE_RESERVATION, Method
 from app.errors import InvalidInput, Unavailable
-from app.http.admission import Admission
+from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
 from app.iam.callers import authenticate
 from app.iam.principal import Principal
@@ -33,6 +38,9 @@ def _endpoint(method: Method) -> Any:
     # `get` may be answered by one compiled statement that also checks the token, so a
     # caller this process has seen is not looked up first (app/http/admission.py).
     compiled = Capacity.compile_read(GET_SHAPE) if method.path == GET_PATH else None
+    # A booking or release may be one statement that checks the token too
+    # (app/capacity/booking.py, booking_release.py).
+    books = method is CREATE_RESERVATION or method is RELEASE_RESERVATION
 
     async def endpoint(request: Request) -> Response:
         capacity: Capacity = request.app.state.capacity
@@ -40,7 +48,7 @@ def _endpoint(method: Method) -> Any:
         authorization = request.headers.get("authorization")
         try:
             fast = (
-                compiled is not None
+                (compiled is not None or books)
                 and request.app.state.settings.compiled_reads
                 and capacity.compiles_reads
             )
@@ -64,10 +72,17 @@ def _endpoint(method: Method) -> Any:
                     admission.forget(admitted)
                     await admitted.confirm()
             try:
-                body = orjson.loads(await request.body())
-            except orjson.JSONDecodeError:
-                raise InvalidInput("the request body must be a JSON object") from None
-            inp = parse_input(method.input, body)
+                inp = await _input(request, method)
+            except Exception:
+                if admitted.remembered:  # a bad token is told before a bad body
+                    admission.forget(admitted)
+                    await admitted.confirm()
+                raise
+            if books and fast:
+                assert isinstance(inp, CreateReservationInput | ReleaseReservationInput)
+                booked = await _booked(capacity, admission, admitted, inp)
+                if booked is not None:
+                    return JSONResponse({method.result_key: render(booked)})
             result = await method.call(capacity, admitted.principal, inp)
             # A dry run (unoffer, archive) answers its impact in place of the result.
             key = "impact" if isinstance(result, ImpactView) else method.result_key
@@ -98,6 +113,34 @@ async def _compiled_answer(
         answer = None
     COMPILED_READS.labels("declined" if answer is None else "answered").inc()
     return answer
+
+
+async def _input(request: Request, method: Method) -> MethodInput:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        raise InvalidInput("the request body must be a JSON object") from None
+    return parse_input(method.input, body)
+
+
+async def _booked(
+    capacity: Capacity,
+    admission: Admission,
+    admitted: Admitted,
+    inp: CreateReservationInput | ReleaseReservationInput,
+) -> ReservationView | None:
+    """The one-statement booking's (or release's) answer, or None for the plain path,
+    with a remembered caller then looked up (UNAUTHENTICATED when its token is no longer
+    good). A refusal the statement is sure of (RESOURCE_EXHAUSTED, INVALID_STATE) is
+    raised from here."""
+    if isinstance(inp, ReleaseReservationInput):
+        booked = await capacity.release(admitted.principal, inp, admitted.token_hash)
+    else:
+        booked = await capacity.book(admitted.principal, inp, admitted.token_hash)
+    if booked is None and admitted.remembered:
+        admission.forget(admitted)
+        await admitted.confirm()
+    return booked
 
 
 async def catalog(_: Request) -> Response:

@@ -1,5 +1,7 @@
 """The connection budget holds: several `serve` processes under a burst of bookings stay
-within the pool size and overflow they are given (plus the broker's LISTEN connection),
+within the pool size, overflow and direct pool they are given (bookings run as one
+statement on the direct pool, app/capacity/booking.py; plus the broker's LISTEN
+connection),
 so a server's max_connections is never passed and no booking fails for want of a
 connection. Exactly the quota is booked; every other booking is RESOURCE_EXHAUSTED.
 
@@ -43,12 +45,16 @@ class Budget:
     max_connections: int
     pool_size: int | None  # None: the service's defaults
     max_overflow: int | None
+    direct_pool_size: int | None
     bookings: int
     quota: int
 
     def per_process(self) -> int:
-        """pool + overflow + the broker's LISTEN (docs/operations.md "Connection budget")."""
-        return (self.pool_size or 10) + (self.max_overflow or 10) + 1
+        """pool + overflow + direct + the broker's LISTEN (docs/operations.md "Connection
+        budget")."""
+        return (
+            (self.pool_size or 10) + (self.max_overflow or 10) + (self.direct_pool_size or 10) + 1
+        )
 
 
 async def _seed(server: PrivatePostgres, served: Served, quota: int) -> tuple[str, str]:
@@ -115,6 +121,8 @@ async def _burst(budget: Budget) -> None:
             env["BETTERCOMPUTE_DB_POOL_SIZE"] = str(budget.pool_size)
         if budget.max_overflow is not None:
             env["BETTERCOMPUTE_DB_MAX_OVERFLOW"] = str(budget.max_overflow)
+        if budget.direct_pool_size is not None:
+            env["BETTERCOMPUTE_DB_DIRECT_POOL_SIZE"] = str(budget.direct_pool_size)
         async with AsyncExitStack() as stack:
             processes = await asyncio.gather(
                 *(stack.enter_async_context(bettercompute_serve(**env)) for _ in range(PROCESSES))
@@ -159,8 +167,17 @@ async def _burst(budget: Budget) -> None:
 
 async def test_a_burst_of_bookings_stays_within_the_connection_budget() -> None:
     """Scaled down: 150 bookings, a quota of 15, a server of 20 connections, and pools of
-    2 + 2 (the settings the processes are given)."""
-    await _burst(Budget(max_connections=20, pool_size=2, max_overflow=2, bookings=150, quota=15))
+    2 + 1 and a direct pool of 1 (the settings the processes are given)."""
+    await _burst(
+        Budget(
+            max_connections=20,
+            pool_size=2,
+            max_overflow=1,
+            direct_pool_size=1,
+            bookings=150,
+            quota=15,
+        )
+    )
 
 
 @pytest.mark.soak
@@ -168,5 +185,12 @@ async def test_a_thousand_bookings_over_three_processes_on_a_100_connection_serv
     """Full size, the service's default pool settings: 1,000 bookings, a guest quota of
     100, PostgreSQL's default max_connections of 100."""
     await _burst(
-        Budget(max_connections=100, pool_size=None, max_overflow=None, bookings=1000, quota=100)
+        Budget(
+            max_connections=100,
+            pool_size=None,
+            max_overflow=None,
+            direct_pool_size=None,
+            bookings=1000,
+            quota=100,
+        )
     )
