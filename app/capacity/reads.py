@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Row, Select, and_, func, literal, or_, select
 
@@ -85,8 +85,13 @@ async def load_grants(
             select(AuthzRow.__table__).where(AuthzRow.pool_id.in_(pool_ids), _grant_filter(actor))
         )
     ).all()
+    return _best_grants(actor, rows)
+
+
+def _best_grants(actor: Actor, rows: Sequence[Any]) -> dict[str, Grant]:
+    """Of authz rows matching `_grant_filter(actor)`, the one granting each pool."""
     rank = {tenant: i for i, tenant in enumerate(actor.lineage)}
-    best: dict[str, Row[Any]] = {}
+    best: dict[str, Any] = {}
     for row in rows:
         held = best.get(row.pool_id)
         if held is None or rank[row.tenant_id] < rank[held.tenant_id]:
@@ -141,15 +146,39 @@ async def visible_pools(
     return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
 
 
+class _GrantRow(NamedTuple):
+    tenant_id: str
+    pool_id: str
+    gpu_model: str | None
+    pool_class: str
+    sharing: str
+    region: str
+    owned: bool
+
+
+def _visible_pool_with_grants(actor: Actor, pool_id: str) -> Select[Any]:
+    """The pool if the actor sees it, once per authz row that could grant it: the rows of
+    `_visible_pools_query` and of `load_grants`, in one statement."""
+    pool, grant = (
+        _visible_pools_query(actor).where(Pool.id == pool_id).subquery("pool"),
+        (
+            select(AuthzRow.__table__)
+            .where(AuthzRow.pool_id == pool_id, _grant_filter(actor))
+            .subquery("grant")
+        ),
+    )
+    return select(pool, *(c.label(f"grant_{c.key}") for c in grant.c)).join(
+        grant, grant.c.pool_id == pool.c.id
+    )
+
+
 async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:
     """One pool as the actor sees it, or the same NOT_FOUND whether it is missing or hidden."""
-    pool = (
-        await executor.execute(_visible_pools_query(actor).where(Pool.id == pool_id))
-    ).one_or_none()
-    grants = await load_grants(executor, actor, [pool_id]) if pool is not None else {}
-    if pool is None or pool_id not in grants:
+    rows = (await executor.execute(_visible_pool_with_grants(actor, pool_id))).all()
+    if not rows:
         raise pool_not_found(pool_id)
-    return _pool_view(pool, actor.tenant_id, grants[pool_id])
+    grant_rows = [_GrantRow(*(getattr(r, f"grant_{f}") for f in _GrantRow._fields)) for r in rows]
+    return _pool_view(rows[0], actor.tenant_id, _best_grants(actor, grant_rows)[pool_id])
 
 
 async def quotas_of(
@@ -216,38 +245,43 @@ async def capacity_of(
 async def offers_of(
     executor: Executor, pool_ids: Sequence[str]
 ) -> dict[str, tuple[OfferView, ...]]:
-    """Every offer of each pool (the owner's included) with the offered tenant's quota rows."""
-    offers = (
-        await executor.execute(
-            select(Offer.pool_id, Offer.tenant_id, Offer.include_descendants, Offer.priority)
-            .where(Offer.pool_id.in_(pool_ids))
-            .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id)
-        )
-    ).all()
-    quota_rows = (
+    """Every offer of each pool (the owner's included) with the offered tenant's quota rows,
+    in one statement: each offer once per quota row it holds (or once, with none)."""
+    rows = (
         await executor.execute(
             select(
-                QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used
+                Offer.pool_id,
+                Offer.tenant_id,
+                Offer.include_descendants,
+                Offer.priority,
+                QuotaRow.resource,
+                QuotaRow.max,
+                QuotaRow.used,
             )
-            .join(
-                Offer,
-                and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+            .outerjoin(
+                QuotaRow,
+                and_(QuotaRow.pool_id == Offer.pool_id, QuotaRow.tenant_id == Offer.tenant_id),
             )
-            .where(QuotaRow.pool_id.in_(pool_ids))
-            .order_by(QuotaRow.resource)
+            .where(Offer.pool_id.in_(pool_ids))
+            .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id, QuotaRow.resource)
         )
     ).all()
-    quotas: dict[tuple[str, str], list[QuotaView]] = defaultdict(list)
-    for q in quota_rows:
-        quotas[(q.pool_id, q.tenant_id)].append(QuotaView(q.resource, q.max, q.used, q.pool_id))
+    grouped: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for r in rows:  # in offer order, each offer's rows in resource order
+        grouped[(r.pool_id, r.tenant_id)].append(r)
     found: dict[str, list[OfferView]] = defaultdict(list)
-    for o in offers:
-        found[o.pool_id].append(
+    for (pool_id, tenant_id), held in grouped.items():
+        first = held[0]
+        found[pool_id].append(
             OfferView(
-                tenant_id=o.tenant_id,
-                include_descendants=o.include_descendants,
-                priority=o.priority,
-                quotas=tuple(quotas.get((o.pool_id, o.tenant_id), ())),
+                tenant_id=tenant_id,
+                include_descendants=first.include_descendants,
+                priority=first.priority,
+                quotas=tuple(
+                    QuotaView(q.resource, q.max, q.used, pool_id)
+                    for q in held
+                    if q.resource is not None
+                ),
             )
         )
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
