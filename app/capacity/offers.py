@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -11,7 +13,7 @@ from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import pool_detail
-from app.capacity.projection import remove_authz_row, write_authz_row
+from app.capacity.projection import remove_authz_rows, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
@@ -107,17 +109,37 @@ async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) ->
     await session.execute(
         delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
     )
-    await remove_authz_row(session, pool_id, tenant_id)
-    # Rows are locked in resource order first, as bookings and releases take them.
+    await _withdrawn(session, pool_id, [tenant_id])
+
+
+async def withdraw_guest_offers(session: AsyncSession, pool: Pool) -> list[str]:
+    """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
+    same statements however many there are; returns the guests, in tenant order."""
+    removed = await session.execute(
+        delete(Offer)
+        .where(Offer.pool_id == pool.id, Offer.tenant_id != pool.tenant_id)
+        .returning(Offer.tenant_id)
+    )
+    guests = sorted(removed.scalars())
+    await _withdrawn(session, pool.id, guests)  # with none, as many statements
+    return guests
+
+
+async def _withdrawn(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
+    """After their offers are deleted: the tenants' authz rows go, their quota rows drop
+    to what is in use."""
+    await remove_authz_rows(session, pool_id, tenant_ids)
+    # Rows are locked in resource order first (tenant by tenant), as bookings and releases
+    # take them.
     await session.execute(
         select(QuotaRow.resource)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
-        .order_by(QuotaRow.resource)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
+        .order_by(QuotaRow.tenant_id, QuotaRow.resource)
         .with_for_update()
     )
     await session.execute(
         update(QuotaRow)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
         .values(max=QuotaRow.used)
     )
 
@@ -190,7 +212,11 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         after_quota[resource] = maximum if row is None else row.max
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
     await write_authz_row(
-        session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
+        session,
+        pool,
+        inp.to_tenant_id,
+        include_descendants=inp.include_descendants,
+        new_offer=offer is None,
     )
     bump_version(pool)
     uow.emit(
