@@ -199,15 +199,17 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         changes += policy_changes(pool.policy, policy)
         pool.policy = policy
         changed.append("policy")
+    moved_model = inp.gpu_model is not None and inp.gpu_model != pool.gpu_model
     if inp.gpu_model is not None:
-        if inp.gpu_model != pool.gpu_model:
+        if moved_model:
             changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
         pool.gpu_model = inp.gpu_model
         changed.append("gpuModel")
-        await refresh_authz_rows(session, pool)
     pool.version += 1
     pool.updated_at = utcnow()
-    await session.flush()
+    await session.flush()  # the pool's row, in one UPDATE
+    if moved_model:  # the same model leaves every authz row as it is
+        await refresh_authz_rows(session, pool)
     await refresh_rollup(session, pool)
     uow.emit(
         PendingEvent(
