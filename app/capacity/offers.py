@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy import bindparam, delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import check_version, lock_owned_pool, resolve_actor
@@ -25,6 +25,13 @@ from app.iam.principal import Principal
 
 SHARED_GPU_MODES = ("timeslice", "mps")
 
+# Statements every call runs alike, built once; the pool is bound per call.
+_TENANT_NODES = select(
+    exists().where(Node.pool_id == bindparam("pool_id"), Node.owner_tenant_id.is_not(None))
+)
+_OFFER_COUNT = select(func.count()).select_from(Offer).where(Offer.pool_id == bindparam("pool_id"))
+_OFFERS_ON = select(Offer).where(Offer.pool_id == bindparam("pool_id")).order_by(Offer.tenant_id)
+
 
 async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
     """The seed's INVALID_STATE rules for offer."""
@@ -39,9 +46,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             field="toTenantId",
         )
     if shared:
-        tenant_nodes = await uow.session.scalar(
-            select(exists().where(Node.pool_id == pool.id, Node.owner_tenant_id.is_not(None)))
-        )
+        tenant_nodes = await uow.session.scalar(_TENANT_NODES, {"pool_id": pool.id})
         if tenant_nodes:
             raise InvalidState(
                 "a pool holding tenant-owned nodes can only be offered to its owner, "
@@ -78,9 +83,7 @@ async def _check_offer_bounds(
             max=MAX_RESOURCES,
         )
     if new_offer:
-        count = await session.scalar(
-            select(func.count()).select_from(Offer).where(Offer.pool_id == pool_id)
-        )
+        count = await session.scalar(_OFFER_COUNT, {"pool_id": pool_id})
         if (count or 0) >= MAX_OFFERS_PER_POOL:
             raise ResourceExhausted(
                 f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
@@ -100,8 +103,7 @@ def bump_version(pool: Pool) -> None:
 
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
-    query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
-    return list((await session.execute(query)).scalars())
+    return list((await session.execute(_OFFERS_ON, {"pool_id": pool_id})).scalars())
 
 
 async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
