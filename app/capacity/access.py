@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.reads import (
@@ -78,18 +78,30 @@ async def lock_owned_pool(
 
     FOR NO KEY UPDATE, not FOR UPDATE: owner writes exclude each other, while the key-share
     lock of a reservation's foreign key never makes them wait (docs/decisions/0004)."""
-    pool = (
-        await session.execute(
-            select(Pool).where(Pool.id == pool_id).with_for_update(key_share=True)
-        )
-    ).scalar_one_or_none()
-    if pool is None or pool.tenant_id != actor.tenant_id:
+    found = (
+        await session.execute(_LOCK_OWNED_POOL, {"pool_id": pool_id, "tenant_id": actor.tenant_id})
+    ).one_or_none()
+    if found is None or found.Pool.tenant_id != actor.tenant_id:
         raise pool_not_found(pool_id)
-    owner_row = await session.get(AuthzRow, (actor.tenant_id, pool_id))
+    pool: Pool = found.Pool
+    owner_row: AuthzRow | None = found.AuthzRow
     if owner_row is None:  # the projection always holds the owner's row
         raise pool_not_found(pool_id)
     decide_pool(actor.principal, permission, attributes_of(owner_row))
     return pool
+
+
+# The pool's row locked, with the actor's own authz row beside it (outer-joined: only the
+# pool's row is locked, as a key-share-compatible FOR NO KEY UPDATE), built once.
+_LOCK_OWNED_POOL = (
+    select(Pool, AuthzRow)
+    .outerjoin(
+        AuthzRow,
+        and_(AuthzRow.pool_id == Pool.id, AuthzRow.tenant_id == bindparam("tenant_id")),
+    )
+    .where(Pool.id == bindparam("pool_id"))
+    .with_for_update(key_share=True, of=Pool)
+)
 
 
 def check_version(pool: Pool, expected: int | None) -> None:

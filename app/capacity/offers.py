@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, exists, func, select, update
+from collections.abc import Sequence
+
+from sqlalchemy import bindparam, delete, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import check_version, lock_owned_pool, resolve_actor
@@ -11,7 +13,7 @@ from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import pool_detail
-from app.capacity.projection import remove_authz_row, write_authz_row
+from app.capacity.projection import remove_authz_rows, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
@@ -22,6 +24,13 @@ from app.events.outbox import PendingEvent
 from app.iam.principal import Principal
 
 SHARED_GPU_MODES = ("timeslice", "mps")
+
+# Statements every call runs alike, built once; the pool is bound per call.
+_TENANT_NODES = select(
+    exists().where(Node.pool_id == bindparam("pool_id"), Node.owner_tenant_id.is_not(None))
+)
+_OFFER_COUNT = select(func.count()).select_from(Offer).where(Offer.pool_id == bindparam("pool_id"))
+_OFFERS_ON = select(Offer).where(Offer.pool_id == bindparam("pool_id")).order_by(Offer.tenant_id)
 
 
 async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
@@ -37,9 +46,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             field="toTenantId",
         )
     if shared:
-        tenant_nodes = await uow.session.scalar(
-            select(exists().where(Node.pool_id == pool.id, Node.owner_tenant_id.is_not(None)))
-        )
+        tenant_nodes = await uow.session.scalar(_TENANT_NODES, {"pool_id": pool.id})
         if tenant_nodes:
             raise InvalidState(
                 "a pool holding tenant-owned nodes can only be offered to its owner, "
@@ -76,9 +83,7 @@ async def _check_offer_bounds(
             max=MAX_RESOURCES,
         )
     if new_offer:
-        count = await session.scalar(
-            select(func.count()).select_from(Offer).where(Offer.pool_id == pool_id)
-        )
+        count = await session.scalar(_OFFER_COUNT, {"pool_id": pool_id})
         if (count or 0) >= MAX_OFFERS_PER_POOL:
             raise ResourceExhausted(
                 f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
@@ -98,8 +103,7 @@ def bump_version(pool: Pool) -> None:
 
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
-    query = select(Offer).where(Offer.pool_id == pool_id).order_by(Offer.tenant_id)
-    return list((await session.execute(query)).scalars())
+    return list((await session.execute(_OFFERS_ON, {"pool_id": pool_id})).scalars())
 
 
 async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
@@ -107,17 +111,37 @@ async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) ->
     await session.execute(
         delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
     )
-    await remove_authz_row(session, pool_id, tenant_id)
-    # Rows are locked in resource order first, as bookings and releases take them.
+    await _withdrawn(session, pool_id, [tenant_id])
+
+
+async def withdraw_guest_offers(session: AsyncSession, pool: Pool) -> list[str]:
+    """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
+    same statements however many there are; returns the guests, in tenant order."""
+    removed = await session.execute(
+        delete(Offer)
+        .where(Offer.pool_id == pool.id, Offer.tenant_id != pool.tenant_id)
+        .returning(Offer.tenant_id)
+    )
+    guests = sorted(removed.scalars())
+    await _withdrawn(session, pool.id, guests)  # with none, as many statements
+    return guests
+
+
+async def _withdrawn(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
+    """After their offers are deleted: the tenants' authz rows go, their quota rows drop
+    to what is in use."""
+    await remove_authz_rows(session, pool_id, tenant_ids)
+    # Rows are locked in resource order first (tenant by tenant), as bookings and releases
+    # take them.
     await session.execute(
         select(QuotaRow.resource)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
-        .order_by(QuotaRow.resource)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
+        .order_by(QuotaRow.tenant_id, QuotaRow.resource)
         .with_for_update()
     )
     await session.execute(
         update(QuotaRow)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id)
+        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
         .values(max=QuotaRow.used)
     )
 
@@ -190,7 +214,11 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         after_quota[resource] = maximum if row is None else row.max
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
     await write_authz_row(
-        session, pool, inp.to_tenant_id, include_descendants=inp.include_descendants
+        session,
+        pool,
+        inp.to_tenant_id,
+        include_descendants=inp.include_descendants,
+        new_offer=offer is None,
     )
     bump_version(pool)
     uow.emit(

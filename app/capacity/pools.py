@@ -17,7 +17,7 @@ from app.capacity.inputs import (
     CreatePoolInput,
     UpdatePoolInput,
 )
-from app.capacity.offers import offers_on, withdraw_offer
+from app.capacity.offers import offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.pool_reads import pool_detail
 from app.capacity.projection import refresh_authz_rows, write_authz_row
@@ -143,7 +143,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         QuotaRow(pool_id=pool_id, tenant_id=actor.tenant_id, resource=r, max=m, used=0)
         for r, m in quota.items()
     )
-    await write_authz_row(session, pool, actor.tenant_id, include_descendants=False)
+    await write_authz_row(session, pool, actor.tenant_id, include_descendants=False, new_offer=True)
     uow.emit(
         PendingEvent(
             type="pool.created",
@@ -199,15 +199,17 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         changes += policy_changes(pool.policy, policy)
         pool.policy = policy
         changed.append("policy")
+    moved_model = inp.gpu_model is not None and inp.gpu_model != pool.gpu_model
     if inp.gpu_model is not None:
-        if inp.gpu_model != pool.gpu_model:
+        if moved_model:
             changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
         pool.gpu_model = inp.gpu_model
         changed.append("gpuModel")
-        await refresh_authz_rows(session, pool)
     pool.version += 1
     pool.updated_at = utcnow()
-    await session.flush()
+    await session.flush()  # the pool's row, in one UPDATE
+    if moved_model:  # the same model leaves every authz row as it is
+        await refresh_authz_rows(session, pool)
     await refresh_rollup(session, pool)
     uow.emit(
         PendingEvent(
@@ -235,11 +237,7 @@ async def archive_pool(
         return await archive_impact(session, principal, pool)
     if pool.archived:
         return await pool_detail(session, actor, pool.id)
-    removed = [
-        o.tenant_id for o in await offers_on(session, pool.id) if o.tenant_id != pool.tenant_id
-    ]
-    for tenant_id in removed:
-        await withdraw_offer(session, pool.id, tenant_id)
+    removed = await withdraw_guest_offers(session, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
     await lock_capacity_rows(session, pool.id)

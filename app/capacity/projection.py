@@ -4,6 +4,8 @@ offer, removed on unoffer and archive, refreshed on update, always beside the of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -11,9 +13,16 @@ from app.db.models import AuthzRow, Pool
 
 
 async def write_authz_row(
-    session: AsyncSession, pool: Pool, tenant_id: str, *, include_descendants: bool
+    session: AsyncSession,
+    pool: Pool,
+    tenant_id: str,
+    *,
+    include_descendants: bool,
+    new_offer: bool = False,
 ) -> None:
-    row = await session.get(AuthzRow, (tenant_id, pool.id))
+    """The tenant's row, after its offer is written; `new_offer` when that offer is new, so
+    no row can be there yet (each row is beside its offer): it is added without a look."""
+    row = None if new_offer else await session.get(AuthzRow, (tenant_id, pool.id))
     if row is None:
         row = AuthzRow(tenant_id=tenant_id, pool_id=pool.id)
         session.add(row)
@@ -28,6 +37,12 @@ async def write_authz_row(
 async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
     await session.execute(
         delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id == tenant_id)
+    )
+
+
+async def remove_authz_rows(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
+    await session.execute(
+        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id.in_(tenant_ids))
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     CTE,
@@ -14,6 +14,7 @@ from sqlalchemy import (
     ScalarSelect,
     Select,
     and_,
+    bindparam,
     func,
     literal,
     or_,
@@ -88,25 +89,39 @@ def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
     return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
 
 
+# Built once, with its tenant bound per call (as the other statements below).
+_LINEAGE_CHAIN = lineage_cte(bindparam("tenant_id"))
+_LINEAGE = select(_LINEAGE_CHAIN.c.id).order_by(_LINEAGE_CHAIN.c.depth)
+
+
 async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
     """The tenant and its ancestors, nearest first; NOT_FOUND for an unknown tenant."""
-    chain = lineage_cte(tenant_id)
-    rows = (await executor.execute(select(chain.c.id).order_by(chain.c.depth))).all()
+    rows = (await executor.execute(_LINEAGE, {"tenant_id": tenant_id})).all()
     if not rows:
         raise NotFound(f"tenant {tenant_id} not found", field="tenantId")
     return tuple(r.id for r in rows)
 
 
-def _grant_filter(actor: Actor) -> Any:
-    own = AuthzRow.tenant_id == actor.tenant_id
-    if not actor.ancestors:
+def _grant_clause(tenant: Any, ancestors: Any | None) -> Any:
+    """The authz rows that let `tenant` see a pool: its own, or those of `ancestors` that
+    include descendants (None: it has none). Values, or bound parameters."""
+    own = AuthzRow.tenant_id == tenant
+    if ancestors is None:
         return own
-    return or_(own, and_(AuthzRow.tenant_id.in_(actor.ancestors), AuthzRow.include_descendants))
+    return or_(own, and_(AuthzRow.tenant_id.in_(ancestors), AuthzRow.include_descendants))
+
+
+def _grant_filter(actor: Actor) -> Any:
+    return _grant_clause(actor.tenant_id, actor.ancestors or None)
+
+
+def _visible_clause(tenant: Any, ancestors: Any | None) -> Select[Any]:
+    granted = select(AuthzRow.pool_id).where(_grant_clause(tenant, ancestors))
+    return select(Pool.__table__).where(Pool.id.in_(granted), pool_seen_by(tenant))
 
 
 def _visible_pools_query(actor: Actor) -> Select[Any]:
-    granted = select(AuthzRow.pool_id).where(_grant_filter(actor))
-    return select(Pool.__table__).where(Pool.id.in_(granted), pool_seen_by(actor.tenant_id))
+    return _visible_clause(actor.tenant_id, actor.ancestors or None)
 
 
 async def load_grants(
@@ -120,8 +135,13 @@ async def load_grants(
             select(AuthzRow.__table__).where(AuthzRow.pool_id.in_(pool_ids), _grant_filter(actor))
         )
     ).all()
+    return _best_grants(actor, rows)
+
+
+def _best_grants(actor: Actor, rows: Sequence[Any]) -> dict[str, Grant]:
+    """Of authz rows matching `_grant_filter(actor)`, the one granting each pool."""
     rank = {tenant: i for i, tenant in enumerate(actor.lineage)}
-    best: dict[str, Row[Any]] = {}
+    best: dict[str, Any] = {}
     for row in rows:
         held = best.get(row.pool_id)
         if held is None or rank[row.tenant_id] < rank[held.tenant_id]:
@@ -176,39 +196,79 @@ async def visible_pools(
     return [_pool_view(p, actor.tenant_id, grants[p.id]) for p in pools if p.id in grants]
 
 
+class _GrantRow(NamedTuple):
+    tenant_id: str
+    pool_id: str
+    gpu_model: str | None
+    pool_class: str
+    sharing: str
+    region: str
+    owned: bool
+
+
+def _visible_pool_with_grants(with_ancestors: bool) -> Select[Any]:
+    """The pool if the actor sees it, once per authz row that could grant it: the rows of
+    `_visible_pools_query` and of `load_grants`, in one statement (bound: tenant_id,
+    ancestors, pool_id)."""
+    tenant: Any = bindparam("tenant_id")
+    ancestors: Any = bindparam("ancestors", expanding=True) if with_ancestors else None
+    pool_id: Any = bindparam("pool_id")
+    pool = _visible_clause(tenant, ancestors).where(Pool.id == pool_id).subquery("pool")
+    grant = (
+        select(AuthzRow.__table__)
+        .where(AuthzRow.pool_id == pool_id, _grant_clause(tenant, ancestors))
+        .subquery("grant")
+    )
+    return select(pool, *(c.label(f"grant_{c.key}") for c in grant.c)).join(
+        grant, grant.c.pool_id == pool.c.id
+    )
+
+
+# By whether the actor's tenant has ancestors, built once.
+_VISIBLE_POOL = {False: _visible_pool_with_grants(False), True: _visible_pool_with_grants(True)}
+
+
 async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolView:
     """One pool as the actor sees it, or the same NOT_FOUND whether it is missing or hidden."""
-    pool = (
-        await executor.execute(_visible_pools_query(actor).where(Pool.id == pool_id))
-    ).one_or_none()
-    grants = await load_grants(executor, actor, [pool_id]) if pool is not None else {}
-    if pool is None or pool_id not in grants:
+    params: dict[str, Any] = {"tenant_id": actor.tenant_id, "pool_id": pool_id}
+    if actor.ancestors:
+        params["ancestors"] = list(actor.ancestors)
+    rows = (await executor.execute(_VISIBLE_POOL[bool(actor.ancestors)], params)).all()
+    if not rows:
         raise pool_not_found(pool_id)
-    return _pool_view(pool, actor.tenant_id, grants[pool_id])
+    grant_rows = [_GrantRow(*(getattr(r, f"grant_{f}") for f in _GrantRow._fields)) for r in rows]
+    return _pool_view(rows[0], actor.tenant_id, _best_grants(actor, grant_rows)[pool_id])
+
+
+# `tenant_id`'s quota rows in some pools, each with the tenant's offer there; built once.
+_QUOTAS_OF = (
+    select(
+        QuotaRow.pool_id,
+        QuotaRow.resource,
+        QuotaRow.max,
+        QuotaRow.used,
+        Offer.tenant_id.label("offer_tenant"),
+        Offer.include_descendants,
+        Offer.priority,
+        Offer.created_at,
+    )
+    .outerjoin(
+        Offer,
+        and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+    )
+    .where(
+        QuotaRow.tenant_id == bindparam("tenant_id"),
+        QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)),
+    )
+    .order_by(QuotaRow.pool_id, QuotaRow.resource)
+)
 
 
 async def quotas_of(
     executor: Executor, tenant_id: str, pool_ids: Sequence[str]
 ) -> dict[str, tuple[QuotaView, ...]]:
     """`tenant_id`'s rows in each pool, each with the tenant's offer there as its grant."""
-    rows = await executor.execute(
-        select(
-            QuotaRow.pool_id,
-            QuotaRow.resource,
-            QuotaRow.max,
-            QuotaRow.used,
-            Offer.tenant_id.label("offer_tenant"),
-            Offer.include_descendants,
-            Offer.priority,
-            Offer.created_at,
-        )
-        .outerjoin(
-            Offer,
-            and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
-        )
-        .where(QuotaRow.tenant_id == tenant_id, QuotaRow.pool_id.in_(pool_ids))
-        .order_by(QuotaRow.pool_id, QuotaRow.resource)
-    )
+    rows = await executor.execute(_QUOTAS_OF, {"tenant_id": tenant_id, "pool_ids": list(pool_ids)})
     found: dict[str, list[QuotaView]] = defaultdict(list)
     for r in rows:
         grant = (
@@ -248,41 +308,48 @@ async def capacity_of(
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
 
 
+# Every offer of some pools with its quota rows (outer-joined), in offer order; built once.
+_OFFERS_OF = (
+    select(
+        Offer.pool_id,
+        Offer.tenant_id,
+        Offer.include_descendants,
+        Offer.priority,
+        QuotaRow.resource,
+        QuotaRow.max,
+        QuotaRow.used,
+    )
+    .outerjoin(
+        QuotaRow,
+        and_(QuotaRow.pool_id == Offer.pool_id, QuotaRow.tenant_id == Offer.tenant_id),
+    )
+    .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
+    .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id, QuotaRow.resource)
+)
+
+
 async def offers_of(
     executor: Executor, pool_ids: Sequence[str]
 ) -> dict[str, tuple[OfferView, ...]]:
-    """Every offer of each pool (the owner's included) with the offered tenant's quota rows."""
-    offers = (
-        await executor.execute(
-            select(Offer.pool_id, Offer.tenant_id, Offer.include_descendants, Offer.priority)
-            .where(Offer.pool_id.in_(pool_ids))
-            .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id)
-        )
-    ).all()
-    quota_rows = (
-        await executor.execute(
-            select(
-                QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used
-            )
-            .join(
-                Offer,
-                and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
-            )
-            .where(QuotaRow.pool_id.in_(pool_ids))
-            .order_by(QuotaRow.resource)
-        )
-    ).all()
-    quotas: dict[tuple[str, str], list[QuotaView]] = defaultdict(list)
-    for q in quota_rows:
-        quotas[(q.pool_id, q.tenant_id)].append(QuotaView(q.resource, q.max, q.used, q.pool_id))
+    """Every offer of each pool (the owner's included) with the offered tenant's quota rows,
+    in one statement: each offer once per quota row it holds (or once, with none)."""
+    rows = (await executor.execute(_OFFERS_OF, {"pool_ids": list(pool_ids)})).all()
+    grouped: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for r in rows:  # in offer order, each offer's rows in resource order
+        grouped[(r.pool_id, r.tenant_id)].append(r)
     found: dict[str, list[OfferView]] = defaultdict(list)
-    for o in offers:
-        found[o.pool_id].append(
+    for (pool_id, tenant_id), held in grouped.items():
+        first = held[0]
+        found[pool_id].append(
             OfferView(
-                tenant_id=o.tenant_id,
-                include_descendants=o.include_descendants,
-                priority=o.priority,
-                quotas=tuple(quotas.get((o.pool_id, o.tenant_id), ())),
+                tenant_id=tenant_id,
+                include_descendants=first.include_descendants,
+                priority=first.priority,
+                quotas=tuple(
+                    QuotaView(q.resource, q.max, q.used, pool_id)
+                    for q in held
+                    if q.resource is not None
+                ),
             )
         )
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}

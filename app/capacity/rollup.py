@@ -7,7 +7,7 @@ takes back what is booked: `allocatable` stays at least `booked` until bookings 
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.policy import mig_instances_per_gpu, replicas
@@ -23,26 +23,30 @@ def resources_for(sharing: str, policy: dict[str, object], gpus: int) -> dict[st
     return units
 
 
+# The pool's nodes' GPUs, and its rollup rows locked with those GPUs beside each (one
+# statement; a release committing meanwhile must not leave us a stale `booked`). Built once.
+_GPUS = (
+    select(func.coalesce(func.sum(Node.gpus), 0))
+    .where(Node.pool_id == bindparam("pool_id"))
+    .scalar_subquery()
+)
+_LOCKED_ROWS = (
+    select(CapacityRow, _GPUS.label("gpus"))
+    .where(CapacityRow.pool_id == bindparam("pool_id"))
+    .order_by(CapacityRow.resource)
+    .with_for_update(of=CapacityRow)
+)
+_GPUS_ALONE = select(_GPUS)
+
+
 async def refresh_rollup(session: AsyncSession, pool: Pool) -> None:
     """Recompute totals from the nodes; callers hold the pool row lock."""
-    gpus = (
-        await session.execute(
-            select(func.coalesce(func.sum(Node.gpus), 0)).where(Node.pool_id == pool.id)
-        )
-    ).scalar_one()
+    params = {"pool_id": pool.id}
+    found = (await session.execute(_LOCKED_ROWS, params)).all()
+    rows = {r.CapacityRow.resource: r.CapacityRow for r in found}
+    # A pool with no rows yet (no node ever joined) reads its GPUs alone.
+    gpus = found[0].gpus if found else (await session.execute(_GPUS_ALONE, params)).scalar_one()
     units = resources_for(pool.sharing, pool.policy, int(gpus))
-    rows = {
-        row.resource: row
-        for row in (
-            # Locked: a release committing meanwhile must not leave us a stale `booked`.
-            await session.execute(
-                select(CapacityRow)
-                .where(CapacityRow.pool_id == pool.id)
-                .order_by(CapacityRow.resource)
-                .with_for_update()
-            )
-        ).scalars()
-    }
     for resource, total in units.items():
         row = rows.get(resource)
         if row is None:

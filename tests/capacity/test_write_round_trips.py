@@ -1,0 +1,104 @@
+"""Round trips per pool write: each REST pool write (create, offer, unoffer, update, archive)
+sends a constant number of statements, the same on a pool with one offer and one resource as
+on one with 20 offers of 5 resources each (issue 20). Counted as the reads are
+(tests/graphql/test_statements.py): `bettercompute_db_statements_total` for `rest`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest_asyncio
+from prometheus_client import REGISTRY
+from starlette.applications import Starlette
+
+from app.config import Settings
+from app.server import create_app
+from tests.support import Api, Fleet
+
+Json = dict[str, Any]
+RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def app(database_url: str) -> AsyncIterator[Starlette]:
+    """The app with its outbox and revocation pollers quiet (a poll is not the request's)."""
+    quiet = Settings(
+        database_url=database_url, event_poll_interval_s=3600, revocation_poll_interval_s=3600
+    )
+    application = create_app(quiet)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+def _rest_statements() -> float:
+    found = REGISTRY.get_sample_value("bettercompute_db_statements_total", {"transport": "rest"})
+    return found or 0.0
+
+
+async def _counted(call: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
+    before = _rest_statements()
+    result = await call()
+    return int(_rest_statements() - before), result
+
+
+async def _scenario(
+    api: Api, fleet: Fleet, name: str, offers: int, resources: int
+) -> dict[str, int]:
+    """The statements of each write on a pool of `name`'s with `offers` offers (the owner's
+    included) of `resources` quota rows each, and a node under it; one more offer is made,
+    resized and withdrawn on it in the test."""
+    quota = {r: 8 for r in RESOURCES[:resources]}
+    await fleet.tenant(name)
+    site = await fleet.site(name)
+    token = await fleet.caller(name, "admin")
+    guests = [f"{name}-g{i}" for i in range(offers)]  # the last one is offered in the test
+    for guest in guests:
+        await fleet.tenant(guest)
+
+    def body(pool_id: str, **fields: Any) -> Json:
+        return {"tenantId": name, "poolId": pool_id, **fields}
+
+    async def ok(path: str, payload: Json) -> Json:
+        answer: Json = await api.ok(token, path, payload)
+        return answer
+
+    create = {"tenantId": name, "siteId": site, "class": "metal-host", "ownerQuota": quota}
+    await ok("pools/create", create)  # warms the caller's token and the statement caches
+    counts: dict[str, int] = {}
+    counts["create"], made = await _counted(lambda: ok("pools/create", create))
+    pool_id = made["pool"]["id"]
+    await fleet.node(pool_id, 2)
+    for guest in guests[:-1]:
+        await ok("pools/offer", body(pool_id, toTenantId=guest, quota=quota))
+    counts["offer (new)"], offered = await _counted(
+        lambda: ok("pools/offer", body(pool_id, toTenantId=guests[-1], quota=quota))
+    )
+    assert len(offered["pool"]["quotas"]) == resources
+    counts["offer (resize)"], _ = await _counted(
+        lambda: ok("pools/offer", body(pool_id, toTenantId=guests[-1], quota={RESOURCES[0]: 3}))
+    )
+    counts["update (policy)"], updated = await _counted(
+        lambda: ok("pools/update", body(pool_id, policy={"kernelModules": ["vfio_pci"]}))
+    )
+    assert len(updated["pool"]["offers"]) == offers + 1
+    counts["update (gpuModel)"], _ = await _counted(
+        lambda: ok("pools/update", body(pool_id, gpuModel="L40S"))
+    )
+    counts["unoffer"], removed = await _counted(
+        lambda: ok("pools/unoffer", body(pool_id, toTenantId=guests[-1]))
+    )
+    assert removed == {"removed": True}
+    counts["archive"], archived = await _counted(lambda: ok("pools/archive", body(pool_id)))
+    assert archived["pool"]["archived"] is True
+    return counts
+
+
+async def test_pool_writes_take_constant_round_trips(
+    app: Starlette, api: Api, fleet: Fleet
+) -> None:
+    small = await _scenario(api, fleet, "small", offers=1, resources=1)
+    large = await _scenario(api, fleet, "large", offers=20, resources=5)
+    print(f"statements per pool write, 1 offer (the owner's) of 1 resource: {small}")
+    print(f"statements per pool write, 20 offers of 5 resources: {large}")
+    assert small == large
