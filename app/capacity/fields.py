@@ -257,6 +257,7 @@ POOL = Table(
             "reservations",
             None,
             "ReservationConnection",
+            many=False,
             uncompiled="a paged connection with its own arguments (first, after)",
         ),
         Value("created_at", "createdAt", "createdAt", "timestamp", column=_c(Pool, "created_at")),
