@@ -133,10 +133,11 @@ class Relation:
     """A field that holds rows of another table (`of`, a GraphQL type name), a list when
     `many`.
 
-    `rows`: the compiled builder's kind of rows for it (json_reads: which rows, in which
-    order, under which rule), None with `uncompiled` saying why not. `rest_keeps`: the
-    optional REST keys of the rows that REST shows here (a pool's own quota rows show
-    their `grant`; an offer's rows do not)."""
+    `rows`: the compiled builder's kind of rows for it (json_reads: which rows under which
+    rule), None with `uncompiled` saying why not. `order`: the order of a list's rows, the
+    one both reads sort by (reads.py's loaders per pool, json_reads' json_agg).
+    `rest_keeps`: the optional REST keys of the rows that REST shows here (a pool's own
+    quota rows show their `grant`; an offer's rows do not)."""
 
     name: str
     graphql: str | None
@@ -148,6 +149,7 @@ class Relation:
     uncompiled: str | None = None
     optional: str | None = None
     rest_keeps: tuple[str, ...] = ()
+    order: tuple[ColumnElement[Any], ...] = ()
 
     @property
     def compiled(self) -> bool:
@@ -171,6 +173,12 @@ class Table:
                 return e
         raise KeyError(name)
 
+    def relation(self, name: str) -> Relation:
+        entry = self.entry(name)
+        if not isinstance(entry, Relation):
+            raise KeyError(name)
+        return entry
+
     @property
     def by_graphql(self) -> dict[str, Entry]:
         return {e.graphql: e for e in self.entries if e.graphql is not None}
@@ -185,7 +193,8 @@ def _c(model: Any, key: str) -> ColumnElement[Any]:
     return column
 
 
-_NESTED_PER_PAGE = "a nested list read for a whole page at once: not compiled yet"
+# A pool's quota rows, and an offer's, come in resource order.
+QUOTA_ORDER = (_c(QuotaRow, "resource"),)
 
 POOL = Table(
     "Pool",
@@ -234,7 +243,15 @@ POOL = Table(
         Value("owned", "owned", "owned", "bool", column=_c(Pool, "tenant_id") == ACTING_TENANT),
         Value("archived", "archived", "archived", "bool", column=_c(Pool, "archived")),
         Value("version", "version", "version", "int", column=_c(Pool, "version")),
-        Relation("quotas", "quotas", "quotas", "Quota", rows="quotas", rest_keeps=("grant",)),
+        Relation(
+            "quotas",
+            "quotas",
+            "quotas",
+            "Quota",
+            rows="quotas",
+            rest_keeps=("grant",),
+            order=QUOTA_ORDER,
+        ),
         Relation(
             "capacity",
             "capacity",
@@ -242,8 +259,17 @@ POOL = Table(
             "CapacityRow",
             nullable=True,
             rows="capacity",
+            order=(_c(CapacityRow, "resource"),),
         ),
-        Relation("offers", "offers", "offers", "Offer", nullable=True, rows="offers"),
+        Relation(
+            "offers",
+            "offers",
+            "offers",
+            "Offer",
+            nullable=True,
+            rows="offers",
+            order=(_c(Offer, "created_at"), _c(Offer, "tenant_id")),
+        ),
         Relation(
             "lending",
             "lending",
@@ -392,7 +418,7 @@ OFFER = Table(
             column=_c(Offer, "include_descendants"),
         ),
         Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
-        Relation("quotas", "quotas", "quotas", "Quota", rows="offer_quotas"),
+        Relation("quotas", "quotas", "quotas", "Quota", rows="offer_quotas", order=QUOTA_ORDER),
     ),
 )
 

@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnElement
 from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
 
-from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Value
+from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
 from app.capacity.policy import readable_policy
 from app.capacity.shapes import (
@@ -106,11 +106,12 @@ _ROW_SOURCES = {
     "offers": "offers o WHERE o.pool_id = p.id",
     "offer_quotas": "quota_rows r WHERE r.pool_id = o.pool_id AND r.tenant_id = o.tenant_id",
 }
+# Each list's order: the one the plain read sorts by (the table of fields' `order`).
 _ROW_ORDER = {
-    "quotas": "r.resource",
-    "capacity": "r.resource",
-    "offers": "o.created_at, o.tenant_id",
-    "offer_quotas": "r.resource",
+    e.rows: ", ".join(_sql(c) for c in e.order)
+    for table in ROW_TABLES.values()
+    for e in table.entries
+    if isinstance(e, Relation) and e.rows in _ROW_SOURCES
 }
 # What each kind of row may nest.
 _NESTS = {"pool": {"quotas", "capacity", "offers"}, "offers": {"offer_quotas"}}

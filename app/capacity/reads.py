@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, func, literal, or_, select
+from sqlalchemy import Column, Row, Select, and_, func, literal, or_, select
 
+from app.capacity.fields import OFFER, POOL, Value
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
@@ -106,23 +107,26 @@ async def load_grants(
     }
 
 
+# The pool's stored values, read by the table of fields (app/capacity/fields.py): a
+# column added there reaches the read model with no change here. The policy is shown
+# readable (never a secret, on any surface) and `owned` is the acting tenant's.
+_STORED = tuple(
+    (e.name, e.column.key)
+    for e in POOL.entries
+    if isinstance(e, Value) and isinstance(e.column, Column) and e.name != "policy"
+)
+
+
+# The order of each list of a pool, as the compiled reads sort it too (the table's `order`).
+_ORDER = {name: POOL.relation(name).order for name in ("quotas", "capacity", "offers")}
+
+
 def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolView:
+    stored = {name: getattr(row, key) for name, key in _STORED}
     return PoolView(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        site_id=row.site_id,
-        pool_class=row.pool_class,
-        gpu_model=row.gpu_model,
-        sharing=row.sharing,
-        agent=row.agent,
-        policy=readable_policy(row.policy),  # never a secret, on any surface
-        provider_account_id=row.provider_account_id,
-        region=row.region,
+        **stored,
+        policy=readable_policy(row.policy),
         owned=row.tenant_id == actor_tenant,
-        archived=row.archived,
-        version=row.version,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
         grant=grant,
     )
 
@@ -172,7 +176,7 @@ async def quotas_of(
             and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
         )
         .where(QuotaRow.tenant_id == tenant_id, QuotaRow.pool_id.in_(pool_ids))
-        .order_by(QuotaRow.pool_id, QuotaRow.resource)
+        .order_by(QuotaRow.pool_id, *_ORDER["quotas"])
     )
     found: dict[str, list[QuotaView]] = defaultdict(list)
     for r in rows:
@@ -205,7 +209,7 @@ async def capacity_of(
     rows = await executor.execute(
         select(CapacityRow.__table__)
         .where(CapacityRow.pool_id.in_(pool_ids))
-        .order_by(CapacityRow.pool_id, CapacityRow.resource)
+        .order_by(CapacityRow.pool_id, *_ORDER["capacity"])
     )
     found: dict[str, list[CapacityView]] = defaultdict(list)
     for r in rows:
@@ -221,7 +225,7 @@ async def offers_of(
         await executor.execute(
             select(Offer.pool_id, Offer.tenant_id, Offer.include_descendants, Offer.priority)
             .where(Offer.pool_id.in_(pool_ids))
-            .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id)
+            .order_by(Offer.pool_id, *_ORDER["offers"])
         )
     ).all()
     quota_rows = (
@@ -234,7 +238,7 @@ async def offers_of(
                 and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
             )
             .where(QuotaRow.pool_id.in_(pool_ids))
-            .order_by(QuotaRow.resource)
+            .order_by(*OFFER.relation("quotas").order)
         )
     ).all()
     quotas: dict[tuple[str, str], list[QuotaView]] = defaultdict(list)

@@ -83,7 +83,7 @@ def _relation(entry: Relation) -> _Getter:
 
 quota_json = _renderer(QUOTA)
 """An offer's row in the owner's `offers`: no grant, the offer beside it says it."""
-own_quota_json = _renderer(QUOTA, ("grant",))
+own_quota_json = _renderer(QUOTA, POOL.relation("quotas").rest_keeps)
 """A row the viewing tenant books against, with the offer that gives it."""
 offer_json = _renderer(OFFER)
 grant_json = _renderer(GRANT)

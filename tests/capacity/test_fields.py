@@ -132,9 +132,9 @@ def test_a_forgotten_or_wrong_entry_is_found() -> None:
 def test_nullable_columns_are_nullable_fields() -> None:
     for table in TABLES.values():
         for entry in table.entries:
-            if isinstance(entry, Value) and isinstance(entry.column, Column):
-                if entry.column.nullable:
-                    assert entry.nullable, f"{table.graphql}.{entry.name}"
+            column = entry.column if isinstance(entry, Value) else None
+            if isinstance(column, Column) and column.nullable:
+                assert entry.nullable, f"{table.graphql}.{entry.name}"
 
 
 def _shape_fields(table: Table) -> tuple[Field, ...]:
@@ -178,13 +178,15 @@ def _selection(table: Table) -> str:
     return " ".join(parts)
 
 
+_POOL, _PAGE = _selection(POOL), _selection(PAGE_INFO)
+
+
 @pytest.mark.parametrize(
     "query",
     [
-        "query($t: String!) { pools(tenantId: $t) { nodes { %s } pageInfo { %s } } }"
-        % (_selection(POOL), _selection(PAGE_INFO)),
-        "query($t: String!, $p: ID!) { pool(tenantId: $t, poolId: $p) { %s } }"
-        % _selection(POOL),
+        "query($t: String!) { pools(tenantId: $t) { "
+        f"nodes {{ {_POOL} }} pageInfo {{ {_PAGE} }} }} }}",
+        f"query($t: String!, $p: ID!) {{ pool(tenantId: $t, poolId: $p) {{ {_POOL} }} }}",
     ],
 )
 def test_a_query_of_every_compiled_field_is_planned(query: str) -> None:
