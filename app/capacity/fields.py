@@ -55,7 +55,8 @@ Kind = Literal[
 def timestamp(value: datetime | None) -> str | None:
     """The one form of a point in time, on REST, GraphQL (schema/scalars.py) and in the
     compiled statement (`IsoTimestamp`): ISO 8601 in UTC with a trailing Z, microseconds
-    only when there are some (`2026-05-01T12:00:00Z`, `2026-05-01T12:00:00.123456Z`)."""
+    only when there are some (`2026-05-01T12:00:00Z`, `2026-05-01T12:00:00.123456Z`).
+    `value` is in UTC, as every stored time reads back; it is not converted."""
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 

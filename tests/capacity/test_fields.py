@@ -5,6 +5,7 @@ sending its queries to the plain path in silence."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from graphql import (
     GraphQLOutputType,
     get_named_type,
 )
-from sqlalchemy import Column
+from sqlalchemy import Column, DateTime, literal, select
 
 from app.capacity import json_reads
 from app.capacity.fields import (
@@ -25,6 +26,7 @@ from app.capacity.fields import (
     ROW_TABLES,
     STATEMENT,
     TABLES,
+    IsoTimestamp,
     Relation,
     Table,
     Value,
@@ -33,6 +35,7 @@ from app.capacity.fields import (
 from app.capacity.service import Capacity
 from app.capacity.shapes import Field, Nested, PageShape, PoolShape, Read, Rows
 from app.compat import graphql_core_schema
+from app.db.engine import Database
 from schema.app import schema
 from schema.compiled_reads import CompiledReads
 
@@ -209,9 +212,26 @@ def test_a_field_not_compiled_is_not_planned() -> None:
     assert reads.prepare(plan, {"t": "acme"}, Capacity) is None  # type: ignore[arg-type]
 
 
-def test_one_timestamp_form() -> None:
-    from datetime import UTC, datetime
+_MOMENTS = [
+    datetime(2026, 5, 1, 12, tzinfo=UTC),
+    datetime(2026, 5, 1, 12, 0, 0, 1230, tzinfo=UTC),
+    datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    datetime(2026, 5, 1, 14, 30, 5, 500000, tzinfo=UTC),
+]  # UTC, as every stored time reads back (`timestamp` does not convert)
 
+
+async def test_the_statement_renders_timestamps_as_python_does(db: Database) -> None:
+    """IsoTimestamp (the compiled reads) and `timestamp` (REST, GraphQL) agree."""
+    if db.dialect != "postgresql":
+        pytest.skip("the compiled reads run on PostgreSQL")
+    async with db.reader.connect() as conn:
+        for moment in _MOMENTS:
+            moment_sql = literal(moment, DateTime(timezone=True))
+            shown = (await conn.execute(select(IsoTimestamp(moment_sql)))).scalar()
+            assert shown == timestamp(moment), moment
+
+
+def test_one_timestamp_form() -> None:
     assert timestamp(datetime(2026, 5, 1, 12, tzinfo=UTC)) == "2026-05-01T12:00:00Z"
     assert timestamp(datetime(2026, 5, 1, 12, 0, 0, 1230, tzinfo=UTC)) == (
         "2026-05-01T12:00:00.001230Z"
