@@ -32,9 +32,9 @@ from app.capacity.views import (
     ReservationView,
 )
 
-# Each REST key of a table, and how its value is read from the read model: the tables of
-# app/capacity/fields.py, in their key order. A relation's rows are rendered by the
-# function `_RELATIONS` names for its table.
+# Each REST object is its table's keys (app/capacity/fields.py), in the table's order,
+# each value read from the read model's attribute of the row's name and rendered as its
+# kind renders; a relation's rows by their own table.
 _Getter = Callable[[Any], Any]
 
 
@@ -87,6 +87,7 @@ own_quota_json = _renderer(QUOTA, POOL.relation("quotas").rest_keeps)
 """A row the viewing tenant books against, with the offer that gives it."""
 offer_json = _renderer(OFFER)
 grant_json = _renderer(GRANT)
+_access_grant_json = _renderer(GRANT, ("via",))  # `access` says how the grant is held
 reservation_json = _renderer(RESERVATION)
 _capacity_json = _renderer(CAPACITY)
 _lender_json = _renderer(CAPACITY, tuple(e.name for e in CAPACITY.entries if e.optional))
@@ -147,7 +148,7 @@ def access_json(a: AccessExplanation) -> dict[str, Any]:
             "actingFor": b.acting_for,
             "fleetAdmin": b.fleet_admin,
         },
-        "grant": None if a.grant is None else {"via": a.grant.via, **grant_json(a.grant)},
+        "grant": None if a.grant is None else _access_grant_json(a.grant),
         "deniedBy": None
         if d is None
         else {"check": d.check, "message": d.message, **({"key": d.key} if d.key else {})},
