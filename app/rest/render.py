@@ -38,13 +38,6 @@ from app.capacity.views import (
 _Getter = Callable[[Any], Any]
 
 
-def _leaf(entry: Value, at: str) -> _Getter:
-    get = attrgetter(at + entry.name)
-    if entry.kind == "timestamp":
-        return lambda view: timestamp(get(view))
-    return get
-
-
 def _keys(table: Table, keeps: tuple[str, ...] = ()) -> tuple[tuple[str, Entry], ...]:
     """The keys REST always shows of `table`, and the optional ones in `keeps`."""
     return tuple(
@@ -59,14 +52,25 @@ def _renderer(
 ) -> Callable[[Any], dict[str, Any]]:
     """`table`'s JSON object of a read model: its values (read under `values_at`, the
     pool of a PoolDetail), and its relations' rows (each rendered as the relation's
-    `rest_keeps` say)."""
-    parts: list[tuple[str, _Getter]] = []
-    for key, entry in _keys(table, keeps):
+    `rest_keeps` say). Built once as one dict display, as fast as a written one."""
+    names: dict[str, Any] = {"_timestamp": timestamp}
+    items: list[str] = []
+    for i, (key, entry) in enumerate(_keys(table, keeps)):
         if isinstance(entry, Value):
-            parts.append((key, _leaf(entry, values_at)))
+            if not entry.name.isidentifier():
+                raise ValueError(f"{table.graphql}.{entry.name}: not an attribute name")
+            value = f"view.{values_at}{entry.name}"
+            if entry.kind == "timestamp":
+                value = f"_timestamp({value})"
         else:
-            parts.append((key, _relation(entry)))
-    return lambda view: {key: get(view) for key, get in parts}
+            names[f"_rows{i}"] = _relation(entry)
+            value = f"_rows{i}(view)"
+        items.append(f"{key!r}: {value}")
+    # Evaluated text made of the table's own names and keys only (checked above).
+    render: Callable[[Any], dict[str, Any]] = eval(
+        "lambda view: {" + ", ".join(items) + "}", names
+    )
+    return render
 
 
 def _relation(entry: Relation) -> _Getter:
