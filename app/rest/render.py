@@ -67,9 +67,7 @@ def _renderer(
             value = f"_rows{i}(view)"
         items.append(f"{key!r}: {value}")
     # Evaluated text made of the table's own names and keys only (checked above).
-    render: Callable[[Any], dict[str, Any]] = eval(
-        "lambda view: {" + ", ".join(items) + "}", names
-    )
+    render: Callable[[Any], dict[str, Any]] = eval("lambda view: {" + ", ".join(items) + "}", names)
     return render
 
 
