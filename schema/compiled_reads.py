@@ -52,6 +52,13 @@ from graphql import (
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
 from graphql.pyutils import Undefined
 
+from app.capacity.fields import (
+    PAGE_INFO,
+    ROW_TABLES,
+    Relation,
+    graphql_relations,
+    graphql_values,
+)
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
@@ -59,59 +66,12 @@ from app.metrics import COMPILED_PLAN_BYTES as PLAN_BYTES
 from app.metrics import COMPILED_PLANS as PLANS
 from schema.limits import cost_errors
 
-# GraphQL field name -> the domain's value, per kind of object the plan covers.
-_QUOTA = {"poolId": "pool_id", "resource": "resource", "max": "max", "used": "used"}
-_VALUES: dict[str, dict[str, str]] = {
-    "pool": {
-        "id": "id",
-        "tenantId": "tenant_id",
-        "siteId": "site_id",
-        "class": "class",
-        "gpuModel": "gpu_model",
-        "sharing": "sharing",
-        "agent": "agent",
-        "providerAccountId": "provider_account_id",
-        "region": "region",
-        "owned": "owned",
-        "archived": "archived",
-        "version": "version",
-        "createdAt": "created_at",
-        "updatedAt": "updated_at",
-        "policy": "policy",
-    },
-    "quotas": _QUOTA,
-    "offer_quotas": _QUOTA,
-    "capacity": {
-        "resource": "resource",
-        "total": "total",
-        "allocatable": "allocatable",
-        "booked": "booked",
-        "available": "available",
-    },
-    "offers": {
-        "tenantId": "tenant_id",
-        "includeDescendants": "include_descendants",
-        "priority": "priority",
-    },
-    "grant": {
-        "via": "via",
-        "tenantId": "tenant_id",
-        "includeDescendants": "include_descendants",
-        "priority": "priority",
-        "offeredAt": "offered_at",
-    },
-}
-# GraphQL list field -> the kind of its rows, per kind of object.
-_LISTS: dict[str, dict[str, str]] = {
-    "pool": {"quotas": "quotas", "capacity": "capacity", "offers": "offers"},
-    "offers": {"quotas": "offer_quotas"},
-}
-_PAGE_INFO = {
-    "hasNextPage": "has_next_page",
-    "hasPreviousPage": "has_previous_page",
-    "startCursor": "start_cursor",
-    "endCursor": "end_cursor",
-}
+# GraphQL field name -> the domain's value, per kind of object the plan covers, and
+# GraphQL list (or a quota's grant) -> the kind of its rows: both read from the table of
+# fields (app/capacity/fields.py), the one list of what compiles.
+_VALUES: dict[str, dict[str, str]] = {kind: graphql_values(kind) for kind in ROW_TABLES}
+_RELATIONS: dict[str, dict[str, Relation]] = {kind: graphql_relations(kind) for kind in ROW_TABLES}
+_PAGE_INFO = {e.graphql: e.name for e in PAGE_INFO.entries if e.graphql is not None}
 _ROOTS = {"pools": PageShape, "pool": PoolShape}
 _PLANNED = (OperationType.QUERY, OperationType.MUTATION)
 # A plan keeps a shape per combination of the variables its directives read.
@@ -552,17 +512,16 @@ class CompiledReads:
         fields: list[Field] = []
         for key, nodes in selected.items():
             name = nodes[0].name.value
-            rows = _LISTS.get(kind, {}).get(name)
-            nested = rows or (name == "grant" and kind in ("quotas", "offer_quotas"))
-            if not nested:
+            relation = _RELATIONS[kind].get(name)
+            if relation is None or relation.rows is None:
                 fields.extend(_values(parent, {key: nodes}, _VALUES[kind]))
                 continue
             inner, below = self._below(plan, parent, nodes, variables)
-            if rows:
-                inside = self._object(plan, rows, inner, below, variables)
-                fields.append(Rows(key, rows, inside))  # type: ignore[arg-type]
-            else:
+            if relation.rows == "grant":
                 fields.append(Nested(key, "grant", _values(inner, below, _VALUES["grant"])))
+            else:
+                inside = self._object(plan, relation.rows, inner, below, variables)
+                fields.append(Rows(key, relation.rows, inside))
         return tuple(fields)
 
 
@@ -583,7 +542,7 @@ def _values(
         mapping = None
         if isinstance(leaf, GraphQLEnumType):
             mapping = tuple((str(v.value), n) for n, v in leaf.values.items())
-        fields.append(Read(key, value, mapping))  # type: ignore[arg-type]
+        fields.append(Read(key, value, mapping))
     return tuple(fields)
 
 

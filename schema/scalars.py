@@ -10,6 +10,7 @@ from graphql import IntValueNode, ValueNode
 from strawberry.scalars import JSON
 from strawberry.types.scalar import ScalarDefinition
 
+from app.capacity.fields import timestamp
 from app.capacity.inputs import MAX_AMOUNT
 
 _MIN_LONG = -(2**63)
@@ -48,8 +49,10 @@ LONG = strawberry.scalar(
 
 
 def _timestamp(value: datetime) -> str:
-    # The same form as REST (app/rest/render.py): UTC with a trailing Z.
-    return value.isoformat().replace("+00:00", "Z")
+    # The one form of every surface (app/capacity/fields.py): UTC with a trailing Z.
+    shown = timestamp(value)
+    assert shown is not None
+    return shown
 
 
 DATETIME = strawberry.scalar(

@@ -19,6 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Column, Table, literal_column
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnElement
+from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
+
+from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
 from app.capacity.policy import readable_policy
 from app.capacity.shapes import (
@@ -58,63 +64,37 @@ def _cursor(expr: str) -> str:
     )
 
 
-def _timestamp(expr: str) -> str:
-    # schema/scalars.py and app/rest/render.py: isoformat() in UTC with a trailing Z,
-    # microseconds only when there are some.
-    utc = f"({expr} AT TIME ZONE 'UTC')"
-    return (
-        f"(to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
-        f"extract(microseconds FROM {utc})::bigint % 1000000 = 0 THEN '' "
-        f"ELSE to_char({utc}, '.US') END || 'Z')"
-    )
+# Each table's alias in the statements below.
+_ALIASES = {"pools": "p", "quota_rows": "r", "capacity_rows": "r", "offers": "o"}
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
-# The values of each kind of object: column expressions over its row alias.
+def _sql(expr: ColumnElement[Any]) -> str:
+    """A field's expression (app/capacity/fields.py) as this statement's SQL: its columns
+    over the row aliases, the acting tenant bound to its parameter."""
+
+    def swap(element: ExternallyTraversible, **_: Any) -> ExternallyTraversible | None:
+        if isinstance(element, Column) and isinstance(element.table, Table):
+            alias = element.table.alias(_ALIASES[element.table.name])
+            return alias.c[element.key]
+        if isinstance(element, BindParameter) and element.key == ACTING_TENANT.key:
+            return literal_column(_TENANT)
+        return None
+
+    swapped = replacement_traverse(expr, {}, swap)
+    text = str(swapped.compile(dialect=_DIALECT))
+    return f"({text})" if isinstance(swapped, BinaryExpression) else text
+
+
+# The values of each kind of object (a pool, and the rows of each compiled relation):
+# the table of fields' expressions over the row aliases.
 _COLUMNS: dict[str, dict[str, str]] = {
-    "pool": {
-        "id": "p.id",
-        "tenant_id": "p.tenant_id",
-        "site_id": "p.site_id",
-        "class": 'p."class"',
-        "gpu_model": "p.gpu_model",
-        "sharing": "p.sharing",
-        "agent": "p.agent",
-        "provider_account_id": "p.provider_account_id",
-        "region": "p.region",
-        "owned": f"(p.tenant_id = {_TENANT})",
-        "archived": "p.archived",
-        "version": "p.version",
-        "created_at": _timestamp("p.created_at"),
-        "updated_at": _timestamp("p.updated_at"),
-        # Stored as is; masked by readable_policy once parsed (`_readable`).
-        "policy": "p.policy",
-    },
-    "quotas": {"pool_id": "r.pool_id", "resource": "r.resource", "max": "r.max", "used": "r.used"},
-    "offer_quotas": {
-        "pool_id": "r.pool_id",
-        "resource": "r.resource",
-        "max": "r.max",
-        "used": "r.used",
-    },
-    "grant": {
-        "via": "NULL",
-        "tenant_id": "r.tenant_id",
-        "include_descendants": "o.include_descendants",
-        "priority": "o.priority",
-        "offered_at": _timestamp("o.created_at"),
-    },
-    "capacity": {
-        "resource": "r.resource",
-        "total": "r.total",
-        "allocatable": "r.allocatable",
-        "booked": "r.booked",
-        "available": "(r.allocatable - r.booked)",
-    },
-    "offers": {
-        "tenant_id": "o.tenant_id",
-        "include_descendants": "o.include_descendants",
-        "priority": "o.priority",
-    },
+    kind: {
+        e.name: _sql(e.selected)
+        for e in table.entries
+        if isinstance(e, Value) and isinstance(e.column, ColumnElement)
+    }
+    for kind, table in ROW_TABLES.items()
 }
 # Each list of pool `p` (or offer `o`), in the plain read's order: the quota rows of the
 # tenant whose grant lets the actor see the pool (its own, or an ancestor's with
@@ -127,11 +107,12 @@ _ROW_SOURCES = {
     "offers": "offers o WHERE o.pool_id = p.id",
     "offer_quotas": "quota_rows r WHERE r.pool_id = o.pool_id AND r.tenant_id = o.tenant_id",
 }
+# Each list's order: the one the plain read sorts by (the table of fields' `order`).
 _ROW_ORDER = {
-    "quotas": "r.resource",
-    "capacity": "r.resource",
-    "offers": "o.created_at, o.tenant_id",
-    "offer_quotas": "r.resource",
+    e.rows: ", ".join(_sql(c) for c in e.order)
+    for table in ROW_TABLES.values()
+    for e in table.entries
+    if isinstance(e, Relation) and e.rows in _ROW_SOURCES
 }
 # What each kind of row may nest.
 _NESTS = {"pool": {"quotas", "capacity", "offers"}, "offers": {"offer_quotas"}}

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     CTE,
+    Column,
     ColumnElement,
     Row,
     ScalarSelect,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     select,
 )
 
+from app.capacity.fields import OFFER, POOL, Value
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
@@ -161,23 +163,26 @@ def _best_grants(actor: Actor, rows: Sequence[Any]) -> dict[str, Grant]:
     }
 
 
+# The pool's stored values, read by the table of fields (app/capacity/fields.py): a
+# column added there reaches the read model with no change here. The policy is shown
+# readable (never a secret, on any surface) and `owned` is the acting tenant's.
+_STORED = tuple(
+    (e.name, e.column.key)
+    for e in POOL.entries
+    if isinstance(e, Value) and isinstance(e.column, Column) and e.name != "policy"
+)
+
+
+# The order of each list of a pool, as the compiled reads sort it too (the table's `order`).
+_ORDER = {name: POOL.relation(name).order for name in ("quotas", "capacity", "offers")}
+
+
 def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolView:
+    stored = {name: getattr(row, key) for name, key in _STORED}
     return PoolView(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        site_id=row.site_id,
-        pool_class=row.pool_class,
-        gpu_model=row.gpu_model,
-        sharing=row.sharing,
-        agent=row.agent,
-        policy=readable_policy(row.policy),  # never a secret, on any surface
-        provider_account_id=row.provider_account_id,
-        region=row.region,
+        **stored,
+        policy=readable_policy(row.policy),
         owned=row.tenant_id == actor_tenant,
-        archived=row.archived,
-        version=row.version,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
         grant=grant,
     )
 
@@ -260,7 +265,7 @@ _QUOTAS_OF = (
         QuotaRow.tenant_id == bindparam("tenant_id"),
         QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)),
     )
-    .order_by(QuotaRow.pool_id, QuotaRow.resource)
+    .order_by(QuotaRow.pool_id, *_ORDER["quotas"])
 )
 
 
@@ -300,7 +305,7 @@ async def capacity_of(
     rows = await executor.execute(
         select(CapacityRow.__table__)
         .where(CapacityRow.pool_id.in_(pool_ids))
-        .order_by(CapacityRow.pool_id, CapacityRow.resource)
+        .order_by(CapacityRow.pool_id, *_ORDER["capacity"])
     )
     found: dict[str, list[CapacityView]] = defaultdict(list)
     for r in rows:
@@ -324,7 +329,7 @@ _OFFERS_OF = (
         and_(QuotaRow.pool_id == Offer.pool_id, QuotaRow.tenant_id == Offer.tenant_id),
     )
     .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
-    .order_by(Offer.pool_id, Offer.created_at, Offer.tenant_id, QuotaRow.resource)
+    .order_by(Offer.pool_id, *_ORDER["offers"], *OFFER.relation("quotas").order)
 )
 
 

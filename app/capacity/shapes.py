@@ -3,6 +3,9 @@ rows, under which keys, in which order (a GraphQL selection with its aliases, or
 fixed shape). The domain compiles a shape once into one statement (app/capacity/json_reads.py)
 that applies CONTRACT section 2's rules and returns the answer as JSON.
 
+Which values exist is not listed here: a Read names a row of the table of fields
+(app/capacity/fields.py), from which transports derive their shapes.
+
 Shapes are frozen and hashable: a transport makes one per query text, the domain caches
 the statement per shape.
 """
@@ -12,37 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PoolValue = Literal[
-    "id",
-    "tenant_id",
-    "site_id",
-    "class",
-    "gpu_model",
-    "sharing",
-    "agent",
-    "provider_account_id",
-    "region",
-    "owned",
-    "archived",
-    "version",
-    "created_at",
-    "updated_at",
-    "policy",  # as every surface shows it: secrets replaced by `<name>Set: true`
-]
-QuotaValue = Literal["pool_id", "resource", "max", "used"]
-GrantValue = Literal["via", "tenant_id", "include_descendants", "priority", "offered_at"]
-OfferValue = Literal["tenant_id", "include_descendants", "priority"]
-CapacityValue = Literal["resource", "total", "allocatable", "booked", "available"]
-PageInfoValue = Literal["has_next_page", "has_previous_page", "start_cursor", "end_cursor"]
-Value = (
-    PoolValue
-    | QuotaValue
-    | GrantValue
-    | OfferValue
-    | CapacityValue
-    | PageInfoValue
-    | Literal["cursor"]
-)
+# The value a Read names: a field's `name` in its table (app/capacity/fields.py: the
+# compiled builder selects that row's column for it), a pageInfo value, or an edge's
+# "cursor". The tables are the one list of names; a name they lack compiles to nothing.
+Value = str
+
+# The kinds of rows the compiled builder reads (json_reads: which rows, in which order,
+# under which rule), and the object a quota row nests.
+RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas"]
+NestedKind = Literal["page_info", "nodes", "edges", "node", "grant"]
 
 # A stored value and what the transport shows for it (an enum's names, say).
 Mapping = tuple[tuple[str, str], ...]
@@ -75,7 +56,7 @@ class Rows:
     PERMISSION_DENIED (GraphQL). A pool the tenant does not own shows null either way."""
 
     key: str
-    kind: Literal["quotas", "capacity", "offers", "offer_quotas"]
+    kind: RowsKind
     fields: tuple[Field, ...]
     if_denied: Literal["null", "decline"] = "decline"
 
@@ -86,7 +67,7 @@ class Nested:
     quota row's `grant` (the offer that gives the row; null if it has ended)."""
 
     key: str
-    kind: Literal["page_info", "nodes", "edges", "node", "grant"]
+    kind: NestedKind
     fields: tuple[Field, ...]
 
 

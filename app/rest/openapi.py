@@ -5,36 +5,65 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from app.capacity.fields import (
+    CAPACITY,
+    GRANT,
+    OFFER,
+    POOL,
+    QUOTA,
+    RESERVATION,
+    TABLES,
+    Entry,
+    Relation,
+    Table,
+)
 from app.catalog import METHODS
 from app.errors import CODES
 
-_QUOTA = {
-    "type": "object",
-    "required": ["resource", "max", "used"],
-    "properties": {
-        "resource": {"type": "string"},
-        "max": {"type": "integer"},
-        "used": {"type": "integer"},
-        # On the rows the tenant books against; absent on an offer's rows (owner's view).
-        "grant": {"anyOf": [{"$ref": "#/components/schemas/Grant"}, {"type": "null"}]},
-    },
+_KINDS: dict[str, dict[str, Any]] = {
+    "id": {"type": "string"},
+    "string": {"type": "string"},
+    "int": {"type": "integer"},
+    "long": {"type": "integer"},
+    "float": {"type": "number"},
+    "bool": {"type": "boolean"},
+    "timestamp": {"type": "string", "format": "date-time"},
+    "json": {"type": "object"},
+    "amounts": {"type": "object", "additionalProperties": {"type": "integer"}},
 }
-_COMPONENTS: dict[str, Any] = {
-    "Quota": _QUOTA,
-    "CapacityRow": {
+
+
+def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:
+    if not nullable:
+        return schema
+    if "type" in schema:
+        return {**schema, "type": [schema["type"], "null"]}
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _property(entry: Entry) -> dict[str, Any]:
+    if isinstance(entry, Relation):
+        ref = {"$ref": f"#/components/schemas/{TABLES[entry.of].rest}"}
+        if entry.many:
+            return _nullable({"type": "array", "items": ref}, entry.nullable)
+        return _nullable(ref, entry.nullable)
+    schema = {"enum": list(entry.values)} if entry.values else dict(_KINDS[entry.kind])
+    return _nullable(schema, entry.json_nullable)
+
+
+def _component(table: Table) -> dict[str, Any]:
+    """A REST object's schema from its table of fields (app/capacity/fields.py): every key
+    REST shows, the ones it always shows required."""
+    entries = [e for e in table.rest_entries if e.rest is not None]
+    return {
         "type": "object",
-        "required": ["resource", "total", "allocatable", "booked", "available"],
-        "properties": {
-            **{
-                k: {"type": "string" if k == "resource" else "integer"}
-                for k in ("resource", "total", "allocatable", "booked", "available")
-            },
-            # The lender's view: present for the owner with compute:pools:share only.
-            "offered": {"type": "integer"},
-            "guestUsed": {"type": "integer"},
-            "overcommit": {"type": ["number", "null"]},
-        },
-    },
+        "required": [e.rest for e in entries if e.optional is None],
+        "properties": {e.rest: _property(e) for e in entries if e.rest is not None},
+    }
+
+
+_COMPONENTS: dict[str, Any] = {
+    **{t.rest: _component(t) for t in (QUOTA, CAPACITY) if t.rest is not None},
     "LendingRow": {
         "allOf": [
             {"$ref": "#/components/schemas/CapacityRow"},
@@ -45,63 +74,7 @@ _COMPONENTS: dict[str, Any] = {
             },
         ]
     },
-    "Offer": {
-        "type": "object",
-        "properties": {
-            "tenantId": {"type": "string"},
-            "includeDescendants": {"type": "boolean"},
-            "priority": {"type": "integer"},
-            "quotas": {"type": "array", "items": {"$ref": "#/components/schemas/Quota"}},
-        },
-    },
-    "Pool": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "tenantId": {"type": "string"},
-            "siteId": {"type": "string"},
-            "class": {"enum": ["metal-host", "metal-dedicated", "vps-host", "provider"]},
-            "gpuModel": {"type": ["string", "null"]},
-            "sharing": {"enum": ["exclusive", "mig", "timeslice", "mps"]},
-            "agent": {"enum": ["bcd", "none"]},
-            "policy": {"type": "object"},
-            "providerAccountId": {"type": ["string", "null"]},
-            "region": {"type": "string"},
-            "owned": {"type": "boolean"},
-            "archived": {"type": "boolean"},
-            "version": {"type": "integer"},
-            "quotas": {"type": "array", "items": {"$ref": "#/components/schemas/Quota"}},
-            "offers": {
-                "type": ["array", "null"],
-                "items": {"$ref": "#/components/schemas/Offer"},
-            },
-            "createdAt": {"type": "string", "format": "date-time"},
-            "updatedAt": {"type": "string", "format": "date-time"},
-        },
-    },
-    "Reservation": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "poolId": {"type": "string"},
-            "tenantId": {"type": "string"},
-            "resources": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "state": {"enum": ["active", "ended"]},
-            "createdAt": {"type": "string", "format": "date-time"},
-            "endedAt": {"type": ["string", "null"], "format": "date-time"},
-        },
-    },
-    "Grant": {
-        "type": "object",
-        "required": ["tenantId", "includeDescendants", "priority", "offeredAt"],
-        "properties": {
-            "via": {"enum": ["owner", "offer", "ancestorOffer"]},
-            "tenantId": {"type": "string"},
-            "includeDescendants": {"type": "boolean"},
-            "priority": {"type": "integer"},
-            "offeredAt": {"type": ["string", "null"], "format": "date-time"},
-        },
-    },
+    **{t.rest: _component(t) for t in (OFFER, POOL, RESERVATION, GRANT) if t.rest is not None},
     "Access": {
         "type": "object",
         "required": ["allowed", "permission", "binding", "grant", "deniedBy"],

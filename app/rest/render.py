@@ -2,172 +2,139 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
+from app.capacity.fields import (
+    CAPACITY,
+    GRANT,
+    OFFER,
+    POOL,
+    QUOTA,
+    RESERVATION,
+    TABLES,
+    Entry,
+    Relation,
+    Table,
+    Value,
+    timestamp,
+)
 from app.capacity.paging import Page
+from app.capacity.shapes import Field as ShapeField
 from app.capacity.shapes import Nested, PoolShape, Read, Rows
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
-    GrantView,
     ImpactView,
     LendingRowView,
-    OfferView,
     PoolDetail,
-    QuotaView,
     ReservationView,
 )
 
-
-def timestamp(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def quota_json(q: QuotaView) -> dict[str, Any]:
-    """An offer's row in the owner's `offers`: no grant, the offer beside it says it."""
-    return {"resource": q.resource, "max": q.max, "used": q.used}
+# Each REST object is its table's keys (app/capacity/fields.py), in the table's order,
+# each value read from the read model's attribute of the row's name and rendered as its
+# kind renders; a relation's rows by their own table.
+_Getter = Callable[[Any], Any]
 
 
-def own_quota_json(q: QuotaView) -> dict[str, Any]:
-    """A row the viewing tenant books against, with the offer that gives it."""
-    return quota_json(q) | {"grant": None if q.grant is None else grant_json(q.grant)}
+def _keys(table: Table, keeps: tuple[str, ...] = ()) -> tuple[tuple[str, Entry], ...]:
+    """The keys REST always shows of `table`, and the optional ones in `keeps`."""
+    return tuple(
+        (e.rest, e)
+        for e in table.rest_entries
+        if e.rest is not None and (e.optional is None or e.name in keeps)
+    )
+
+
+def _renderer(
+    table: Table, keeps: tuple[str, ...] = (), values_at: str = ""
+) -> Callable[[Any], dict[str, Any]]:
+    """`table`'s JSON object of a read model: its values (read under `values_at`, the
+    pool of a PoolDetail), and its relations' rows (each rendered as the relation's
+    `rest_keeps` say). Built once as one dict display, as fast as a written one."""
+    names: dict[str, Any] = {"_timestamp": timestamp}
+    items: list[str] = []
+    for i, (key, entry) in enumerate(_keys(table, keeps)):
+        if isinstance(entry, Value):
+            if not entry.name.isidentifier():
+                raise ValueError(f"{table.graphql}.{entry.name}: not an attribute name")
+            value = f"view.{values_at}{entry.name}"
+            if entry.kind == "timestamp":
+                value = f"_timestamp({value})"
+        else:
+            names[f"_rows{i}"] = _relation(entry)
+            value = f"_rows{i}(view)"
+        items.append(f"{key!r}: {value}")
+    # Evaluated text made of the table's own names and keys only (checked above).
+    render: Callable[[Any], dict[str, Any]] = eval("lambda view: {" + ", ".join(items) + "}", names)
+    return render
+
+
+def _relation(entry: Relation) -> _Getter:
+    """A relation's rows as REST shows them: a list, an object, or null (rows its caller
+    may not read: withheld, or nothing to show)."""
+    get = attrgetter(entry.name)
+    row = _renderer(TABLES[entry.of], entry.rest_keeps)
+    if entry.many:
+        return lambda view: (
+            [row(item) for item in items] if isinstance(items := get(view), tuple | list) else None
+        )
+    return lambda view: None if (item := get(view)) is None else row(item)
+
+
+quota_json = _renderer(QUOTA)
+"""An offer's row in the owner's `offers`: no grant, the offer beside it says it."""
+own_quota_json = _renderer(QUOTA, POOL.relation("quotas").rest_keeps)
+"""A row the viewing tenant books against, with the offer that gives it."""
+offer_json = _renderer(OFFER)
+grant_json = _renderer(GRANT)
+_access_grant_json = _renderer(GRANT, ("via",))  # `access` says how the grant is held
+reservation_json = _renderer(RESERVATION)
+_capacity_json = _renderer(CAPACITY)
+_lender_json = _renderer(CAPACITY, tuple(e.name for e in CAPACITY.entries if e.optional))
 
 
 def capacity_json(c: CapacityView) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "resource": c.resource,
-        "total": c.total,
-        "allocatable": c.allocatable,
-        "booked": c.booked,
-        "available": c.available,
-    }
-    if c.offered is not None:  # the lender's view: the owner with share only
-        row |= {"offered": c.offered, "guestUsed": c.guest_used, "overcommit": c.overcommit}
-    return row
+    # The lender's view (offered...): the owner with share only.
+    return _capacity_json(c) if c.offered is None else _lender_json(c)
 
 
 def lending_json(r: LendingRowView) -> dict[str, Any]:
     return {"poolId": r.pool_id, **capacity_json(r.capacity)}
 
 
-def offer_json(o: OfferView) -> dict[str, Any]:
-    return {
-        "tenantId": o.tenant_id,
-        "includeDescendants": o.include_descendants,
-        "priority": o.priority,
-        "quotas": [quota_json(q) for q in o.quotas],
-    }
+pool_json: Callable[[PoolDetail], dict[str, Any]] = _renderer(POOL, values_at="pool.")
+"""A PoolDetail: the pool's values from its view, its quota rows and offers from the
+detail (the parts the read asked for). Offers withheld (no compute:pools:share) or not the
+owner's: null, as CONTRACT 4 shows it."""
 
 
-def pool_json(detail: PoolDetail) -> dict[str, Any]:
-    p = detail.pool
-    return {
-        "id": p.id,
-        "tenantId": p.tenant_id,
-        "siteId": p.site_id,
-        "class": p.pool_class,
-        "gpuModel": p.gpu_model,
-        "sharing": p.sharing,
-        "agent": p.agent,
-        "policy": p.policy,
-        "providerAccountId": p.provider_account_id,
-        "region": p.region,
-        "owned": p.owned,
-        "archived": p.archived,
-        "version": p.version,
-        "quotas": [own_quota_json(q) for q in detail.quotas],
-        # Withheld (no compute:pools:share) or not the owner's: null, as CONTRACT 4 shows it.
-        "offers": [offer_json(o) for o in detail.offers]
-        if isinstance(detail.offers, tuple)
-        else None,
-        "createdAt": timestamp(p.created_at),
-        "updatedAt": timestamp(p.updated_at),
-    }
+def _shape(table: Table, keeps: tuple[str, ...] = ()) -> tuple[ShapeField, ...]:
+    """`table`'s REST object as a shape, the compiled read's description of it."""
+    fields: list[ShapeField] = []
+    for key, entry in _keys(table, keeps):
+        if isinstance(entry, Value):
+            fields.append(Read(key, entry.name))
+            continue
+        if entry.rows is None:
+            raise ValueError(f"{table.graphql}.{entry.name} is not compiled")
+        inside = _shape(TABLES[entry.of], entry.rest_keeps)
+        if entry.rows == "grant":
+            fields.append(Nested(key, "grant", inside))
+        else:
+            # A list its caller may not read shows null on REST (`offers`).
+            if entry.nullable:
+                fields.append(Rows(key, entry.rows, inside, if_denied="null"))
+            else:
+                fields.append(Rows(key, entry.rows, inside))
+    return tuple(fields)
 
 
-def _reads(*pairs: str) -> tuple[Read, ...]:
-    """(key, value) pairs as reads: `_reads("tenantId", "tenant_id", ...)`."""
-    return tuple(Read(k, v) for k, v in zip(pairs[::2], pairs[1::2], strict=True))  # type: ignore[arg-type]
-
-
-# `get`'s answer, {"pool": pool_json(...)}, as a shape: the compiled read builds it in
-# one statement (app/capacity/json_reads.py). tests/rest/test_compiled_get.py holds the
-# two to the same bytes.
-GET_SHAPE = PoolShape(
-    "pool",
-    (
-        *_reads("id", "id", "tenantId", "tenant_id", "siteId", "site_id", "class", "class"),
-        *_reads("gpuModel", "gpu_model", "sharing", "sharing", "agent", "agent"),
-        *_reads("policy", "policy", "providerAccountId", "provider_account_id"),
-        *_reads("region", "region", "owned", "owned", "archived", "archived"),
-        *_reads("version", "version"),
-        Rows(
-            "quotas",
-            "quotas",
-            (
-                *_reads("resource", "resource", "max", "max", "used", "used"),
-                Nested(
-                    "grant",
-                    "grant",
-                    _reads(
-                        "tenantId",
-                        "tenant_id",
-                        "includeDescendants",
-                        "include_descendants",
-                        "priority",
-                        "priority",
-                        "offeredAt",
-                        "offered_at",
-                    ),
-                ),
-            ),
-        ),
-        Rows(
-            "offers",
-            "offers",
-            (
-                *_reads(
-                    "tenantId",
-                    "tenant_id",
-                    "includeDescendants",
-                    "include_descendants",
-                    "priority",
-                    "priority",
-                ),
-                Rows(
-                    "quotas",
-                    "offer_quotas",
-                    _reads("resource", "resource", "max", "max", "used", "used"),
-                ),
-            ),
-            if_denied="null",
-        ),
-        *_reads("createdAt", "created_at", "updatedAt", "updated_at"),
-    ),
-)
-
-
-def reservation_json(r: ReservationView) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "poolId": r.pool_id,
-        "tenantId": r.tenant_id,
-        "resources": r.resources,
-        "state": r.state,
-        "createdAt": timestamp(r.created_at),
-        "endedAt": timestamp(r.ended_at),
-    }
-
-
-def grant_json(g: GrantView) -> dict[str, Any]:
-    return {
-        "tenantId": g.tenant_id,
-        "includeDescendants": g.include_descendants,
-        "priority": g.priority,
-        "offeredAt": timestamp(g.offered_at),
-    }
+# `get`'s answer, {"pool": pool_json(...)}, as a shape derived from the same table: the
+# compiled read builds it in one statement (app/capacity/json_reads.py).
+# tests/rest/test_compiled_get.py holds the two to the same bytes.
+GET_SHAPE = PoolShape("pool", _shape(POOL))
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:
@@ -183,7 +150,7 @@ def access_json(a: AccessExplanation) -> dict[str, Any]:
             "actingFor": b.acting_for,
             "fleetAdmin": b.fleet_admin,
         },
-        "grant": None if a.grant is None else {"via": a.grant.via, **grant_json(a.grant)},
+        "grant": None if a.grant is None else _access_grant_json(a.grant),
         "deniedBy": None
         if d is None
         else {"check": d.check, "message": d.message, **({"key": d.key} if d.key else {})},

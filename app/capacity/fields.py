@@ -1,0 +1,489 @@
+"""One table of fields per read type: the single place a field of the API is described.
+
+Each row says, for one field: the domain's name (the read model's attribute, and the
+value a shape reads: app/capacity/shapes.py), its GraphQL name, its REST/JSON key, its
+kind and nullability (how it renders: one timestamp form, `timestamp` below), and the
+SQLAlchemy column or expression the compiled read selects for it, or why the compiled
+reads do not build it. Everything that used to keep its own list of names is derived from
+these tables:
+
+- the compiled JSON statement's columns (app/capacity/json_reads.py),
+- the GraphQL plan's name mappings (schema/compiled_reads.py),
+- the REST renderer and `get`'s compiled shape (app/rest/render.py),
+- the OpenAPI component schemas (app/rest/openapi.py).
+
+tests/capacity/test_fields.py holds the tables to the Strawberry types (every GraphQL
+field is a row, names, kinds and nullability agree), to the models' columns, and checks
+that every row marked compiled does compile: a forgotten entry fails a test instead of
+sending a field's queries to the plain path in silence.
+
+A leaf of the domain: it imports the models' tables and the input literals, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from sqlalchemy import String, bindparam, null
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.sql.functions import FunctionElement
+
+from app.capacity.inputs import Agent, PoolClass, Sharing
+from app.capacity.shapes import RowsKind
+from app.db.models import CapacityRow, Offer, Pool, QuotaRow
+
+# --- how values render ------------------------------------------------------------------
+
+Kind = Literal[
+    "id",  # a string id (GraphQL ID)
+    "string",
+    "int",  # GraphQL Int
+    "long",  # GraphQL Long: quota and capacity amounts
+    "float",
+    "bool",
+    "timestamp",  # `timestamp` below, on every surface
+    "json",  # a JSON object (GraphQL JSON)
+    "enum",  # a GraphQL enum; REST shows the stored strings (`values`)
+    "amounts",  # {resource: amount}: REST a JSON object, GraphQL a list of ResourceAmount
+]
+
+
+def timestamp(value: datetime | None) -> str | None:
+    """The one form of a point in time, on REST, GraphQL (schema/scalars.py) and in the
+    compiled statement (`IsoTimestamp`): ISO 8601 in UTC with a trailing Z, microseconds
+    only when there are some (`2026-05-01T12:00:00Z`, `2026-05-01T12:00:00.123456Z`).
+    `value` is in UTC, as every stored time reads back; it is not converted."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+class IsoTimestamp(FunctionElement[str]):
+    """`timestamp` of a column, computed by the database (the compiled reads)."""
+
+    name = "iso_timestamp"
+    inherit_cache = True
+    type = String()
+
+
+@compiles(IsoTimestamp, "postgresql")
+def _iso_timestamp_postgresql(element: IsoTimestamp, compiler: SQLCompiler, **kw: Any) -> str:
+    (column,) = element.clauses
+    utc = f"({compiler.process(column, **kw)} AT TIME ZONE 'UTC')"
+    return (
+        f"(to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
+        f"extract(microseconds FROM {utc})::bigint % 1000000 = 0 THEN '' "
+        f"ELSE to_char({utc}, '.US') END || 'Z')"
+    )
+
+
+# The acting tenant of a compiled read: the builder binds it to its statement's parameter.
+ACTING_TENANT: BindParameter[str] = bindparam("acting_tenant", type_=String)
+
+# --- the rows of a table ----------------------------------------------------------------
+
+# Built by the compiled statement itself, not read from a column: a page's pageInfo.
+STATEMENT: Literal["statement"] = "statement"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A leaf field.
+
+    `name`: the read model's attribute (views.py) and the value a shape's Read names.
+    `graphql` / `rest`: its name on each surface, None where the surface does not show it.
+    `column`: what the compiled read selects (over the model's table; the builder aliases
+    it), STATEMENT when the statement builds it, None with `uncompiled` saying why not.
+    `optional`: why the REST key may be absent (else it is always there: required).
+    `rest_nullable`: REST's nullability where it differs from GraphQL's (a key REST
+    leaves out rather than shows null).
+    `values`: the stored strings of an enum (or of a string with a closed set on REST)."""
+
+    name: str
+    graphql: str | None
+    rest: str | None
+    kind: Kind
+    nullable: bool = False
+    column: ColumnElement[Any] | Literal["statement"] | None = None
+    uncompiled: str | None = None
+    optional: str | None = None
+    rest_nullable: bool | None = None
+    values: tuple[str, ...] = ()
+
+    @property
+    def compiled(self) -> bool:
+        return self.column is not None
+
+    @property
+    def selected(self) -> ColumnElement[Any]:
+        """The expression the compiled read selects: the column, rendered as every
+        surface renders the kind (a timestamp as `timestamp`)."""
+        if not isinstance(self.column, ColumnElement):
+            raise ValueError(f"{self.name} is not read from a column")
+        return IsoTimestamp(self.column) if self.kind == "timestamp" else self.column
+
+    @property
+    def json_nullable(self) -> bool:
+        return self.nullable if self.rest_nullable is None else self.rest_nullable
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """A field that holds rows of another table (`of`, a GraphQL type name), a list when
+    `many`.
+
+    `rows`: the compiled builder's kind of rows for it (json_reads: which rows under which
+    rule), None with `uncompiled` saying why not. `order`: the order of a list's rows, the
+    one both reads sort by (reads.py's loaders per pool, json_reads' json_agg).
+    `rest_keeps`: the optional REST keys of the rows that REST shows here (a pool's own
+    quota rows show their `grant`; an offer's rows do not)."""
+
+    name: str
+    graphql: str | None
+    rest: str | None
+    of: str
+    many: bool = True
+    nullable: bool = False
+    rows: RowsKind | Literal["grant"] | None = None
+    uncompiled: str | None = None
+    optional: str | None = None
+    rest_keeps: tuple[str, ...] = ()
+    order: tuple[ColumnElement[Any], ...] = ()
+
+    @property
+    def compiled(self) -> bool:
+        return self.rows is not None
+
+
+Entry = Value | Relation
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """The fields of one type, in REST's key order (GraphQL's order is its type's)."""
+
+    graphql: str  # the GraphQL object type
+    rest: str | None  # the OpenAPI component, None when REST has none
+    entries: tuple[Entry, ...]
+
+    def entry(self, name: str) -> Entry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def relation(self, name: str) -> Relation:
+        entry = self.entry(name)
+        if not isinstance(entry, Relation):
+            raise KeyError(name)
+        return entry
+
+    @property
+    def by_graphql(self) -> dict[str, Entry]:
+        return {e.graphql: e for e in self.entries if e.graphql is not None}
+
+    @property
+    def rest_entries(self) -> tuple[Entry, ...]:
+        return tuple(e for e in self.entries if e.rest is not None)
+
+
+def _c(model: Any, key: str) -> ColumnElement[Any]:
+    column: ColumnElement[Any] = model.__table__.c[key]
+    return column
+
+
+# A pool's quota rows, and an offer's, come in resource order.
+QUOTA_ORDER = (_c(QuotaRow, "resource"),)
+
+POOL = Table(
+    "Pool",
+    "Pool",
+    (
+        Value("id", "id", "id", "id", column=_c(Pool, "id")),
+        Value(
+            "viewer_tenant_id",
+            "viewerTenantId",
+            None,
+            "string",
+            uncompiled="the acting tenant of the request, not a column: not compiled yet",
+        ),
+        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Pool, "tenant_id")),
+        Value("site_id", "siteId", "siteId", "id", column=_c(Pool, "site_id")),
+        Value(
+            "pool_class",
+            "class",
+            "class",
+            "enum",
+            column=_c(Pool, "pool_class"),
+            values=get_args(PoolClass),
+        ),
+        Value("gpu_model", "gpuModel", "gpuModel", "string", True, _c(Pool, "gpu_model")),
+        Value(
+            "sharing",
+            "sharing",
+            "sharing",
+            "enum",
+            column=_c(Pool, "sharing"),
+            values=get_args(Sharing),
+        ),
+        Value("agent", "agent", "agent", "enum", column=_c(Pool, "agent"), values=get_args(Agent)),
+        # Stored as is; every surface shows it through policy.readable_policy (no secret):
+        # the compiled read masks it once parsed (json_reads.readable).
+        Value("policy", "policy", "policy", "json", column=_c(Pool, "policy")),
+        Value(
+            "provider_account_id",
+            "providerAccountId",
+            "providerAccountId",
+            "id",
+            True,
+            _c(Pool, "provider_account_id"),
+        ),
+        Value("region", "region", "region", "string", column=_c(Pool, "region")),
+        Value("owned", "owned", "owned", "bool", column=_c(Pool, "tenant_id") == ACTING_TENANT),
+        Value("archived", "archived", "archived", "bool", column=_c(Pool, "archived")),
+        Value("version", "version", "version", "int", column=_c(Pool, "version")),
+        Relation(
+            "quotas",
+            "quotas",
+            "quotas",
+            "Quota",
+            rows="quotas",
+            rest_keeps=("grant",),
+            order=QUOTA_ORDER,
+        ),
+        Relation(
+            "capacity",
+            "capacity",
+            None,
+            "CapacityRow",
+            nullable=True,
+            rows="capacity",
+            order=(_c(CapacityRow, "resource"),),
+        ),
+        Relation(
+            "offers",
+            "offers",
+            "offers",
+            "Offer",
+            nullable=True,
+            rows="offers",
+            order=(_c(Offer, "created_at"), _c(Offer, "tenant_id")),
+        ),
+        Relation(
+            "lending",
+            "lending",
+            None,
+            "GuestLending",
+            nullable=True,
+            uncompiled="the lender's view, summed from the offers in Python (pool_reads)",
+        ),
+        Relation(
+            "reservations",
+            "reservations",
+            None,
+            "ReservationConnection",
+            many=False,
+            uncompiled="a paged connection with its own arguments (first, after)",
+        ),
+        Value("created_at", "createdAt", "createdAt", "timestamp", column=_c(Pool, "created_at")),
+        Value("updated_at", "updatedAt", "updatedAt", "timestamp", column=_c(Pool, "updated_at")),
+    ),
+)
+
+QUOTA = Table(
+    "Quota",
+    "Quota",
+    (
+        Value("pool_id", "poolId", None, "id", column=_c(QuotaRow, "pool_id")),
+        Value("resource", "resource", "resource", "string", column=_c(QuotaRow, "resource")),
+        Value("max", "max", "max", "long", column=_c(QuotaRow, "max")),
+        Value("used", "used", "used", "long", column=_c(QuotaRow, "used")),
+        Relation(
+            "grant",
+            "grant",
+            "grant",
+            "Grant",
+            many=False,
+            nullable=True,
+            rows="grant",
+            optional="on the rows the tenant books against; absent on an offer's rows "
+            "(owner's view)",
+        ),
+    ),
+)
+
+# The offer that gives a quota row (on quota rows) or lets a tenant see a pool (`access`).
+GRANT = Table(
+    "Grant",
+    "Grant",
+    (
+        Value(
+            "via",
+            "via",
+            "via",
+            "string",
+            True,
+            null(),  # on quota rows; `access` says it
+            optional="on `access` only",
+            rest_nullable=False,
+            values=("owner", "offer", "ancestorOffer"),
+        ),
+        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Offer, "tenant_id")),
+        Value(
+            "include_descendants",
+            "includeDescendants",
+            "includeDescendants",
+            "bool",
+            column=_c(Offer, "include_descendants"),
+        ),
+        Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
+        Value("offered_at", "offeredAt", "offeredAt", "timestamp", True, _c(Offer, "created_at")),
+    ),
+)
+
+_LENDER = "the lender's view: present for the owner with compute:pools:share only"
+_LENDER_SUMS = "the lender's view, summed from the offers in Python (pool_reads)"
+
+CAPACITY = Table(
+    "CapacityRow",
+    "CapacityRow",
+    (
+        Value("resource", "resource", "resource", "string", column=_c(CapacityRow, "resource")),
+        Value("total", "total", "total", "long", column=_c(CapacityRow, "total")),
+        Value(
+            "allocatable",
+            "allocatable",
+            "allocatable",
+            "long",
+            column=_c(CapacityRow, "allocatable"),
+        ),
+        Value("booked", "booked", "booked", "long", column=_c(CapacityRow, "booked")),
+        Value(
+            "available",
+            "available",
+            "available",
+            "long",
+            column=_c(CapacityRow, "allocatable") - _c(CapacityRow, "booked"),
+        ),
+        Value(
+            "offered",
+            "offered",
+            "offered",
+            "long",
+            True,
+            uncompiled=_LENDER_SUMS,
+            optional=_LENDER,
+            rest_nullable=False,
+        ),
+        Value(
+            "guest_used",
+            "guestUsed",
+            "guestUsed",
+            "long",
+            True,
+            uncompiled=_LENDER_SUMS,
+            optional=_LENDER,
+            rest_nullable=False,
+        ),
+        Value(
+            "overcommit",
+            "overcommit",
+            "overcommit",
+            "float",
+            True,
+            uncompiled=_LENDER_SUMS,
+            optional=_LENDER,
+        ),
+    ),
+)
+
+OFFER = Table(
+    "Offer",
+    "Offer",
+    (
+        Value(
+            "id",
+            "id",
+            None,
+            "id",
+            uncompiled="the node id, offer_node_id(pool, tenant): not compiled yet",
+        ),
+        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Offer, "tenant_id")),
+        Value(
+            "include_descendants",
+            "includeDescendants",
+            "includeDescendants",
+            "bool",
+            column=_c(Offer, "include_descendants"),
+        ),
+        Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
+        Relation("quotas", "quotas", "quotas", "Quota", rows="offer_quotas", order=QUOTA_ORDER),
+    ),
+)
+
+_PLAIN = "reservations are read on the plain path only"
+
+RESERVATION = Table(
+    "Reservation",
+    "Reservation",
+    (
+        Value("id", "id", "id", "id", uncompiled=_PLAIN),
+        Value("pool_id", "poolId", "poolId", "id", uncompiled=_PLAIN),
+        Value("tenant_id", "tenantId", "tenantId", "string", uncompiled=_PLAIN),
+        Value("resources", "resources", "resources", "amounts", uncompiled=_PLAIN),
+        Value(
+            "state",
+            "state",
+            "state",
+            "enum",
+            uncompiled=_PLAIN,
+            values=("active", "ended"),
+        ),
+        Value("created_at", "createdAt", "createdAt", "timestamp", uncompiled=_PLAIN),
+        Value("ended_at", "endedAt", "endedAt", "timestamp", True, uncompiled=_PLAIN),
+    ),
+)
+
+# A page's pageInfo: the page statement builds each value (json_reads._PAGE_INFO).
+PAGE_INFO = Table(
+    "PageInfo",
+    None,
+    (
+        Value("has_next_page", "hasNextPage", None, "bool", column=STATEMENT),
+        Value("has_previous_page", "hasPreviousPage", None, "bool", column=STATEMENT),
+        Value("start_cursor", "startCursor", None, "string", True, STATEMENT),
+        Value("end_cursor", "endCursor", None, "string", True, STATEMENT),
+    ),
+)
+
+TABLES: dict[str, Table] = {
+    t.graphql: t for t in (POOL, QUOTA, GRANT, CAPACITY, OFFER, RESERVATION, PAGE_INFO)
+}
+
+# The compiled builder's kinds of objects (json_reads), each with its table: a pool, and
+# the rows each compiled relation holds.
+ROW_TABLES: dict[str, Table] = {"pool": POOL}
+for _table in tuple(TABLES.values()):
+    for _entry in _table.entries:
+        if isinstance(_entry, Relation) and _entry.rows is not None:
+            ROW_TABLES[_entry.rows] = TABLES[_entry.of]
+
+
+def graphql_values(kind: str) -> dict[str, str]:
+    """GraphQL name -> value name, of the compiled leaf fields of `kind`'s rows."""
+    return {
+        e.graphql: e.name
+        for e in ROW_TABLES[kind].entries
+        if isinstance(e, Value) and e.graphql is not None and e.compiled
+    }
+
+
+def graphql_relations(kind: str) -> dict[str, Relation]:
+    """GraphQL name -> relation, of the compiled relations of `kind`'s rows."""
+    return {
+        e.graphql: e
+        for e in ROW_TABLES[kind].entries
+        if isinstance(e, Relation) and e.graphql is not None and e.compiled
+    }
