@@ -129,6 +129,10 @@ async def subscribe(
 ) -> Collector:
     """A `poolEvents` subscription opened as the transports open it, being read."""
     capacity: Capacity = app.state.capacity
+    if arguments.get("after") is None:
+        # "From now": what committed before must be below the horizon, or it is still to
+        # come for this subscription too (docs/decisions/0012).
+        await all_visible(capacity.db)
     principal = await authenticate(capacity.db, f"Bearer {token}")
     payload = {"tenantId": tenant_id, **{k: v for k, v in arguments.items() if v is not None}}
     subscription = await capacity.open_pool_events(principal, parse_input(PoolEventsInput, payload))
@@ -140,6 +144,7 @@ async def settle(app: Starlette, *collectors: Collector) -> None:
     has taken everything mailed to it."""
     relay: Relay = app.state.relay
     capacity: Capacity = app.state.capacity
+    await all_visible(capacity.db)  # else "newest" may be short of the last commit
     async with capacity.db.reader.connect() as conn:
         newest = (await outbox_bounds(conn)).newest
     await wait_until(lambda: relay.cursor >= newest and all(c.idle for c in collectors))
