@@ -137,6 +137,15 @@ async def outbox_bounds(executor: Executor) -> Bounds:
     return Bounds(oldest=oldest_at, newest=newest_at, pruned=pruned_at)
 
 
+_PENDING = select(exists().where(Event.tx >= Horizon()))
+
+
+async def committed_above_horizon(executor: Executor) -> bool:
+    """Whether committed events wait above the horizon (a transaction with a smaller id is
+    still running): a reader that has read everything below it should look again soon."""
+    return bool((await executor.execute(_PENDING)).scalar_one())
+
+
 async def read_events(
     executor: Executor,
     after: Position | int,

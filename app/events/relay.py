@@ -26,7 +26,8 @@ are complete up to what they return because they stay below the transaction-id h
 A commit's wake-up may arrive while its event is still above the horizon (a transaction
 with a smaller id, possibly one that writes no event, is still running): the relay then
 reads again after a short, growing pause (1 ms doubling to 20 ms) until it has read the
-newest position it was told of, so delivery follows the horizon closely.
+newest position it was told of and no committed event waits above the horizon, so
+delivery follows the horizon closely even when a wake-up was lost.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from app.events.cursor import START, Position
 from app.events.delivery import F, ShownEvents, Visibility
 from app.events.reader import (
     OutboxEvent,
+    committed_above_horizon,
     outbox_bounds,
     prune_events,
     read_events,
@@ -252,6 +254,9 @@ class Relay(Generic[F]):
         self._tasks: list[asyncio.Task[None]] = []
         self._cursor_ready = False
         self._cursor_lock = asyncio.Lock()
+        # The last drain left committed events above the horizon (a wake-up may have been
+        # lost, so the relay does not know their positions): look again soon.
+        self._above_horizon = False
         self.newest_known = START  # the newest committed position a wake-up or a read told of
         self.caught_up_at: float | None = None  # loop time the relay last read to the end
 
@@ -384,7 +389,7 @@ class Relay(Generic[F]):
                 log.warning("event relay: %s: %s", type(exc).__name__, exc)
                 retry_s = 0.0
                 continue
-            if self.newest_known > self.cursor:  # told of it, not yet below the horizon
+            if self.newest_known > self.cursor or self._above_horizon:
                 retry_s = min(2 * retry_s or HORIZON_RETRY_FIRST_S, HORIZON_RETRY_MAX_S)
             else:
                 retry_s = 0.0
@@ -394,6 +399,8 @@ class Relay(Generic[F]):
         while True:
             async with self._drain_reader.connect() as conn:
                 events = await read_events(conn, self.cursor, limit=self._batch_size)
+                if len(events) < self._batch_size:
+                    self._above_horizon = await committed_above_horizon(conn)
                 if not events:
                     self._caught_up()
                     return
