@@ -141,7 +141,7 @@ COUNTERS = {
 
 async def server_counters(address: str) -> dict[str, float]:
     """The server's own counts of the fan-out's work, from its /metrics."""
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=60) as client:  # a busy machine answers late
         body = (await client.get(f"http://{address}/metrics")).text
     found = dict.fromkeys(COUNTERS.values(), 0.0)
     for line in body.splitlines():
@@ -644,7 +644,11 @@ async def measure(args: argparse.Namespace, url: str) -> int:
             worker.stop()
         if server is not None:
             server.terminate()
-            server.wait(10)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
         await db.dispose()
 
     print(f"after the run: {load_average()}")

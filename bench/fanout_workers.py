@@ -98,8 +98,13 @@ def subscribe_message(operation_id: str, query: str, tenant: str) -> str:
 
 
 def unavailable(message: dict[str, Any]) -> bool:
-    """A subscription refused because the server could not reach its database in time."""
-    errors = message.get("payload") if message.get("type") == "error" else None
+    """A subscription refused because the server could not reach its database in time:
+    an `error` before it ran, or its result (`next` with errors, then `complete`)."""
+    payload = message.get("payload")
+    if message.get("type") == "next" and isinstance(payload, dict):
+        errors = payload.get("errors")
+    else:
+        errors = payload if message.get("type") == "error" else None
     return isinstance(errors, list) and any(
         (e.get("extensions") or {}).get("code") == "UNAVAILABLE" for e in errors
     )
@@ -117,6 +122,7 @@ class Socket:
         self.ws: ClientConnection | None = None
         self.task: asyncio.Task[None] | None = None
         self.query, self.tenant = SUBSCRIPTION, ""
+        self.retrying: set[str] = set()
 
     async def open(
         self, address: str, token: str, tenant: str, subscriptions: int, shape: str = "cheap"
@@ -139,9 +145,18 @@ class Socket:
         async for raw in self.ws:
             now = time.time()
             message = orjson.loads(raw)
-            if unavailable(message):  # the server's database was out of reach: again
-                await asyncio.sleep(0.2)
-                await self.ws.send(subscribe_message(message["id"], self.query, self.tenant))
+            # The server's database was out of reach (a busy shared machine): subscribe
+            # again, once the id is free (after the `error`, or the `complete` that follows
+            # an erroneous result).
+            if unavailable(message):
+                if message["type"] == "error":
+                    await self._again(message["id"])
+                else:
+                    self.retrying.add(message["id"])
+                continue
+            if message["type"] == "complete" and message.get("id") in self.retrying:
+                self.retrying.discard(message["id"])
+                await self._again(message["id"])
                 continue
             if (
                 message["type"] != "next"
@@ -157,6 +172,11 @@ class Socket:
             if seq in got:
                 self.duplicates += 1
             got[seq] = now
+
+    async def _again(self, operation_id: str) -> None:
+        assert self.ws is not None
+        await asyncio.sleep(0.2)
+        await self.ws.send(subscribe_message(operation_id, self.query, self.tenant))
 
     def count(self) -> int:
         return sum(len(r) for r in self.received)

@@ -155,14 +155,26 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         """A subscription runs each event on a shallow copy of one executor, which would
         share the memos (graphql-core's `_relevant_sub_fields`, our `_selection_plans`).
         Both are keyed by objects every event makes anew, so shared they grow by an entry
-        per event for as long as the subscription lives; each event gets its own."""
+        per event for as long as the subscription lives; each event gets its own. The
+        request key is worked out once per subscription and kept on it (copies get it)."""
+        if self._rendering_key is None:
+            self._rendering_key = _request_key(self.operation, self.variable_values)
+        renderings = getattr(payload, "renderings", None)
+        if renderings is not None and self._rendering_key is not _NO_KEY:
+            known = renderings.get(self._rendering_key)
+            if (
+                known is not None
+                and known[0] is self.operation
+                and not isinstance(known[1], asyncio.Future)
+            ):
+                # Already rendered for an earlier subscriber of the same request: no
+                # executor to copy, only the data to hand over (execute_subscription_event
+                # asks the per-event executor for nothing but execute_operation).
+                _SHARED.inc()
+                return cast("FastFieldsExecutor", _Rendered(known[1]))
         executor = cast("FastFieldsExecutor", super().build_per_event_executor(payload))
         executor._relevant_sub_fields = {}
         executor._selection_plans = {}
-        if self._rendering_key is None:  # worked out once per subscription, kept on it
-            self._rendering_key = executor._rendering_key = _request_key(
-                self.operation, self.variable_values
-            )
         return executor
 
     def _selection_plan(
@@ -236,6 +248,18 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
 
             return merged()
         return _merge(results, slow, cast("dict[str, Any]", done))
+
+
+class _Rendered:
+    """The per-event executor of a subscriber whose request was rendered already."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Any) -> None:
+        self._data = data
+
+    def execute_operation(self, serially: bool | None = None) -> ExecutionResult:
+        return ExecutionResult(data=self._data, errors=None)
 
 
 def _retrieved(done: asyncio.Future[Any]) -> None:
