@@ -47,10 +47,11 @@ async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
         "subscription bounds: BETTERCOMPUTE_MAX_SUBSCRIPTIONS=20, "
         "BETTERCOMPUTE_MAX_SUBSCRIPTIONS_PER_CALLER=40, ",
         # The sharing, counted by the server: one execution per distinct request and event
-        # (the cheap shape: one token; the rich one: a request per view), a read per view.
+        # for the cheap shape (one token); the rich one's floor is a request and a read
+        # per view (what it reaches is printed, not asserted: see docs/events.md).
         "1.00 GraphQL executions per event (floor 1;",
-        "11.00 GraphQL executions per event (floor 11;",
-        "11.00 pool reads per event (floor 11)",
+        "GraphQL executions per event (floor 11;",
+        "pool reads per event (floor 11)",
         "CPU, % of one core over the phase: server",
         "clients",
         "server CPU per delivery",
