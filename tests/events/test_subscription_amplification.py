@@ -29,6 +29,7 @@ from app.capacity import pool_reads
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import Database, create_database
+from app.events.outbox import PendingEvent
 from tests.events.conftest import served
 from tests.events.support import emit_updates, wait_until
 from tests.events.test_token_revocation import (
@@ -245,6 +246,37 @@ async def quota_rows_locked(database_url: str) -> AsyncIterator[None]:
         await other.dispose()
 
 
+@asynccontextmanager
+async def update_committed_under_quota_lock(
+    capacity: Capacity, database_url: str, pool_id: str
+) -> AsyncIterator[None]:
+    """Hold quota_rows_locked, with one pool.updated for `pool_id` (tenant acme) committed
+    while it is held but deliverable: delivery waits for the oldest running write
+    (docs/decisions/0012), and the lock's transaction is one, so the event's transaction
+    takes its id (the pool's lock) before the lock's transaction takes one."""
+    async with AsyncExitStack() as stack:
+        uow = await stack.enter_async_context(capacity.unit_of_work())
+        assert await uow.lock_pool(pool_id)  # its transaction id, older than the lock's
+        uow.emit(
+            PendingEvent(
+                type="pool.updated",
+                pool_id=pool_id,
+                tenant_id="acme",
+                data={"n": 0},
+                audience=frozenset({"acme"}),
+            )
+        )
+        locked = quota_rows_locked(database_url)
+        await locked.__aenter__()
+        try:
+            await stack.aclose()  # commits the event, the quota rows still locked
+            yield
+        except BaseException as exc:
+            await locked.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await locked.__aexit__(None, None, None)
+
+
 async def waiting_on_locks(db: Database) -> int:
     async with db.reader.connect() as conn:
         waiting = await conn.scalar(
@@ -289,8 +321,7 @@ async def test_a_reading_client_is_not_closed_while_the_fan_out_waits_for_its_re
             await bystander.start("1", LIGHT, t="globex")
             await wait_until(lambda: relay.subscriptions >= len(tokens) + 1, WAIT_S)
             capacity: Capacity = app.state.capacity
-            async with quota_rows_locked(database_url):
-                await emit_updates(capacity, pool_id, "acme", 1)
+            async with update_committed_under_quota_lock(capacity, database_url, pool_id):
                 # The fan-out's reads queue behind the lock: no more of them hold a
                 # connection than its gate lets through, for longer than the stall timeout.
                 loop = asyncio.get_running_loop()
