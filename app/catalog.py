@@ -175,6 +175,19 @@ UPDATE_POOL = _row(
     lambda c, p, i: c.update_pool(p, i),
     "pool",
 )
+LABEL_POOL = _row(
+    "pools",
+    "label",
+    "mutation",
+    roles.POOLS_MANAGE,
+    "compute-pool",
+    "extension",
+    "Sets the display name, the labels (the whole map), or both, of a pool the tenant "
+    "owns, and returns the pool; a change increments its version.",
+    inputs.LabelPoolInput,
+    lambda c, p, i: c.label_pool(p, i),
+    "pool",
+)
 ARCHIVE_POOL = _row(
     "pools",
     "archive",
@@ -196,6 +209,7 @@ POOL_METHODS: tuple[Method, ...] = (
     OFFER_POOL,
     UNOFFER_POOL,
     UPDATE_POOL,
+    LABEL_POOL,
     ARCHIVE_POOL,
 )
 

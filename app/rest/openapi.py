@@ -30,6 +30,7 @@ _KINDS: dict[str, dict[str, Any]] = {
     "timestamp": {"type": "string", "format": "date-time"},
     "json": {"type": "object"},
     "amounts": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
 }
 
 
