@@ -13,7 +13,7 @@ from websockets.asyncio.client import ClientConnection
 from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.events.bus import EventBus
-from app.events.cursor import decode_cursor
+from app.events.cursor import Position, decode_cursor
 from app.events.outbox import PendingEvent
 from bench.fanout_workers import open_subscriptions
 
@@ -22,7 +22,7 @@ class Subscriber:
     """One websocket with one poolEvents subscription, recording receipt times by seq."""
 
     def __init__(self) -> None:
-        self.received: dict[int, float] = {}
+        self.received: dict[Position, float] = {}
         self.ws: ClientConnection | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -64,10 +64,10 @@ class Producer:
     """Commits events through the real unit of work; records each seq's commit time."""
 
     def __init__(self, db: Database, bus: EventBus) -> None:
-        self.committed: dict[int, float] = {}
+        self.committed: dict[Position, float] = {}
         self._bus = bus
 
-        async def notify(seq: int) -> None:
+        async def notify(seq: Position) -> None:
             self.committed.setdefault(seq, time.time())
             await bus.notify(seq)
 
@@ -75,6 +75,7 @@ class Producer:
 
     async def emit(self, pool_id: str, tenant: str, count: int = 1) -> None:
         async with self.capacity.unit_of_work() as uow:
+            await uow.lock_pool(pool_id)  # as the domain's writes do (app/events/outbox.py)
             for n in range(count):
                 uow.emit(
                     PendingEvent("pool.updated", pool_id, tenant, {"n": n}, frozenset({tenant}))

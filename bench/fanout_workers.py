@@ -20,7 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from app.db.engine import create_database
 from app.db.uow import UnitOfWork
 from app.events.bus import EventBus
-from app.events.cursor import decode_cursor
+from app.events.cursor import START, Position, decode_cursor
 from app.events.outbox import PendingEvent
 
 SUBSCRIPTION = (
@@ -62,10 +62,10 @@ class Socket:
     """One websocket with `subscriptions` poolEvents subscriptions; receipt times by
     (subscription index, seq). A seq received twice by one subscription is counted."""
 
-    floor = 0  # seqs up to here are ignored (this process's sockets)
+    floor = START  # positions up to here are ignored (this process's sockets)
 
     def __init__(self) -> None:
-        self.received: list[dict[int, float]] = []
+        self.received: list[dict[Position, float]] = []
         self.duplicates = 0
         self.ws: ClientConnection | None = None
         self.task: asyncio.Task[None] | None = None
@@ -161,20 +161,21 @@ class Writer:
     def __init__(self, database_url: str, redis_url: str) -> None:
         self.db = create_database(database_url)
         self.bus = EventBus(redis_url)
-        self.committed: dict[int, float] = {}
+        self.committed: dict[Position, float] = {}
         self.transactions: list[float] = []  # seconds from start to commit, each
 
     async def emit(self, pool_id: str, tenant: str, count: int = 1) -> None:
         began = time.perf_counter()
 
-        async def committed(newest: int) -> None:  # after the commit, before the wake-up
+        async def committed(newest: Position) -> None:  # after the commit, before the wake-up
             now = time.time()
             self.transactions.append(time.perf_counter() - began)
-            for seq in range(newest - count + 1, newest + 1):  # one transaction's seqs
-                self.committed[seq] = now
+            for seq in range(newest.seq - count + 1, newest.seq + 1):  # one transaction's
+                self.committed[Position(newest.tx, seq)] = now
             await self.bus.notify(newest)
 
         async with UnitOfWork(self.db, committed) as uow:
+            await uow.lock_pool(pool_id)  # as the domain's writes do (app/events/outbox.py)
             for n in range(count):
                 uow.emit(
                     PendingEvent("pool.updated", pool_id, tenant, {"n": n}, frozenset({tenant}))

@@ -21,6 +21,7 @@ from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
 from app.errors import Conflict, PermissionDenied
+from app.events.outbox import note_pool_lock
 from app.iam.decisions import (
     PoolAttributes,
     allows_pool,
@@ -84,6 +85,7 @@ async def lock_owned_pool(
     if found is None or found.Pool.tenant_id != actor.tenant_id:
         raise pool_not_found(pool_id)
     pool: Pool = found.Pool
+    note_pool_lock(session, pool_id)  # the pool's events may be written (events/outbox.py)
     owner_row: AuthzRow | None = found.AuthzRow
     if owner_row is None:  # the projection always holds the owner's row
         raise pool_not_found(pool_id)

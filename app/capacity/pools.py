@@ -45,7 +45,7 @@ from app.db.models import (
 )
 from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound
-from app.events.outbox import PendingEvent
+from app.events.outbox import PendingEvent, note_pool_created
 from app.iam.decisions import PoolAttributes, decide_pool
 from app.iam.principal import Principal
 
@@ -141,6 +141,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     )
     session.add(pool)
     await session.flush()
+    note_pool_created(session, pool_id)  # its events' order: app/events/outbox.py
     session.add(Offer(pool_id=pool_id, tenant_id=actor.tenant_id, created_at=now))
     quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
     session.add_all(

@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -258,15 +259,34 @@ class FleetOffer(Base):
 
 
 class Event(Base):
-    """The outbox: the source of truth for pool events, written in the change's transaction."""
+    """The outbox: the source of truth for pool events, written in the change's transaction.
+
+    An event's position is (tx, seq): `tx` is the writing transaction's id on PostgreSQL
+    (0 on SQLite, and for rows written before migration 0009), and readers only read
+    positions below the transaction-id horizon (docs/decisions/0012)."""
 
     __tablename__ = "events"
     seq: Mapped[int] = mapped_column(SeqType, primary_key=True, autoincrement=True)
+    tx: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     type: Mapped[str] = mapped_column(String(32))
-    pool_id: Mapped[str] = mapped_column(String(57), index=True)
+    pool_id: Mapped[str] = mapped_column(String(57))
     tenant_id: Mapped[str] = mapped_column(String(128))
     occurred_at: Mapped[datetime] = mapped_column(default=utcnow)
     data: Mapped[dict[str, Any]]
+    __table_args__ = (
+        Index("ix_events_tx_seq", "tx", "seq"),  # position order
+        Index("ix_events_pool_id_tx", "pool_id", "tx"),  # a pool's newest tx, its events
+    )
+
+
+class EventsPruned(Base):
+    """One row: the newest position retention has deleted through, (0, 0) when nothing was.
+    A cursor is expired exactly when it is below it (app/events/reader.py)."""
+
+    __tablename__ = "events_pruned"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    tx: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(BigInteger)
 
 
 class EventAudience(Base):
@@ -288,6 +308,7 @@ __all__ = [
     "CapacityRow",
     "Event",
     "EventAudience",
+    "EventsPruned",
     "FleetName",
     "IdempotencyRecord",
     "Node",

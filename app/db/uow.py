@@ -14,11 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
 from app.db.session_rows import SessionRows
-from app.events.outbox import PendingEvent, append_events
+from app.events.cursor import Position
+from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[int], Awaitable[None]]
+Notify = Callable[[Position], Awaitable[None]]  # the newest position committed
 
 
 class UnitOfWork:
@@ -34,7 +35,14 @@ class UnitOfWork:
         return self._db.dialect
 
     def emit(self, event: PendingEvent) -> None:
+        """Queue an event, written at commit. Its pool must have been locked by this
+        transaction (app/capacity/access.lock_owned_pool) or created by it: see
+        app/events/outbox.py."""
         self._events.append(event)
+
+    async def lock_pool(self, pool_id: str) -> bool:
+        """Lock a pool's row for its events, when nothing else locks it (tools, tests)."""
+        return await lock_pool_for_events(self.session, pool_id)
 
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)
@@ -47,7 +55,7 @@ class UnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        newest: int | None = None
+        newest: Position | None = None
         try:
             if exc_type is None:
                 newest = await append_events(self.session, self._events)

@@ -1,5 +1,5 @@
 """Wake-ups between processes. The outbox is the source of truth; the broker only says
-"there is something newer than you have", carrying the newest cursor.
+"there is something newer than you have", carrying the newest position (`<tx>.<seq>`).
 
 Each process holds one broker subscription. broadcaster 0.3.1 does not notice a dropped
 connection (the Redis listener task dies quietly; a terminated LISTEN connection just
@@ -9,7 +9,7 @@ messages, and when the broker stops answering it tears the connection down and m
 a new one. Every (re)connect tells the listeners to catch up from the outbox, which
 covers whatever was published while nobody listened.
 
-Publishing is coalesced in one task: a wake-up only needs the newest seq, so a burst of
+Publishing is coalesced in one task: a wake-up only needs the newest position, so a burst of
 commits becomes a few messages, and backends whose connection allows one operation at
 a time (asyncpg) never see two at once.
 """
@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from broadcaster import Broadcast
 
 from app import metrics
+from app.events.cursor import Position
 from app.events.redis_wakeups import RedisWakeups
 from app.events.tasks import cancel_and_wait
 
@@ -37,9 +38,9 @@ CHANNEL: Final = "bettercompute.pool-events"
 # On the same channel: "a token was revoked, look now" (app/iam/revocations.py).
 TOKEN_REVOKED: Final = "token-revoked"
 
-# Called with the newest seq a wake-up carries, or None for "catch up, you may have
+# Called with the newest position a wake-up carries, or None for "catch up, you may have
 # missed some". Must not block: listeners only set a flag.
-WakeListener = Callable[[int | None], None]
+WakeListener = Callable[[Position | None], None]
 # Called when a token was revoked somewhere, or on a (re)connect. Must not block.
 RevocationListener = Callable[[], None]
 
@@ -65,7 +66,7 @@ class EventBus:
         self._broadcast: Broadcast | None = None  # the live connection, None while down
         self._connected = asyncio.Event()
         self._broken = asyncio.Event()
-        self._pending: int | None = None  # newest seq not yet published
+        self._pending: Position | None = None  # newest position not yet published
         self._publish_wanted = asyncio.Event()
         self._publishing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,11 +100,11 @@ class EventBus:
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
-    async def notify(self, seq: int) -> None:
+    async def notify(self, position: Position) -> None:
         """After a commit: wake this process at once, and other processes via the broker."""
-        self._wake(seq)
-        if self._pending is None or seq > self._pending:
-            self._pending = seq
+        self._wake(position)
+        if self._pending is None or position > self._pending:
+            self._pending = position
         self._publish_wanted.set()
 
     # -- internals ------------------------------------------------------------------------
@@ -117,9 +118,9 @@ class EventBus:
     def _probing(self) -> bool:
         return urlparse(self.url).scheme != "memory"  # in-process: nothing can drop
 
-    def _wake(self, seq: int | None) -> None:
+    def _wake(self, position: Position | None) -> None:
         for listener in self._listeners:
-            listener(seq)
+            listener(position)
 
     def _revoked(self) -> None:
         for listener in self._revocation_listeners:
@@ -133,18 +134,18 @@ class EventBus:
             await self._publish_wanted.wait()
             await self._connected.wait()
             self._publish_wanted.clear()
-            seq, self._pending = self._pending, None
+            position, self._pending = self._pending, None
             broadcast = self._broadcast
-            if seq is None or broadcast is None:
+            if position is None or broadcast is None:
                 continue
             try:
                 async with asyncio.timeout(self._publish_timeout_s):
-                    await self._publish(broadcast, str(seq))
+                    await self._publish(broadcast, wake_message(position))
             except Exception as exc:  # any broker failure: keep it for the next connection
                 log.warning("event wake-up not published: %s: %s", type(exc).__name__, exc)
                 self._broken.set()
-                if self._pending is None or seq > self._pending:
-                    self._pending = seq
+                if self._pending is None or position > self._pending:
+                    self._pending = position
                 self._publish_wanted.set()
                 await asyncio.sleep(0.1)  # the supervisor is tearing the connection down
 
@@ -212,8 +213,9 @@ class EventBus:
         async def receive() -> None:
             while True:
                 message = (await subscriber.get()).message
-                if message.isdigit():
-                    self._wake(int(message))
+                position = wake_position(message)
+                if position is not None:
+                    self._wake(position)
                 elif message == TOKEN_REVOKED:
                     self._revoked()
                 elif message == f"{self._probe_token}:{probe_round}":
@@ -245,6 +247,18 @@ class EventBus:
         for task in done:
             task.result()  # raises what ended the session
         raise ConnectionError("broker subscription ended")
+
+
+def wake_message(position: Position) -> str:
+    return f"{position.tx}.{position.seq}"
+
+
+def wake_position(message: str) -> Position | None:
+    """The position a wake-up carries, or None if `message` is not one."""
+    tx, dot, seq = message.partition(".")
+    if dot and tx.isascii() and tx.isdecimal() and seq.isascii() and seq.isdecimal():
+        return Position(int(tx), int(seq))
+    return None
 
 
 def _broadcast_for(url: str) -> Broadcast:

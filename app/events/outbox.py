@@ -1,23 +1,46 @@
 """The outbox: pool events written in the same transaction as the change they describe.
 
-Cursors must follow commit order, so a reader resuming after N never skips an event
-that commits later with a smaller number. A sequence alone does not give that (numbers
-are taken before commit). On PostgreSQL every writer takes one transaction-scoped
-advisory lock as the last step before inserting its events; the lock is held until
-commit, so numbers are drawn and become visible in the same order. SQLite serialises
-all writers already. See docs/decisions/0002-commit-ordered-outbox.md.
+Readers deliver in position order, (tx, seq), and only read positions below the
+transaction-id horizon (reader.py), so nothing can still appear behind what they read.
+That holds for any tx at least the writer's own transaction id. Per pool, position order
+must also be commit order. Every transaction that writes a pool's event holds the pool's
+row lock (or inserted the pool), so the pool's earlier events have all committed, and the
+INSERT itself sets
+
+    tx = GREATEST(pg_current_xact_id(), the pool's newest tx)
+
+in the same statement (no round trip; an index probe on (pool_id, tx)). Its seq is drawn
+after theirs, so its position is above all of them. Transaction ids alone would not do:
+two sessions waiting for the same pool row can be given their ids in the other order than
+they then get the lock (a waiter that follows the row's update chain takes its id while
+still waiting), and a transaction that wrote something first (a fleet file applies many
+pools in one) has its id from before the wait; tests/events/test_outbox_order.py shows
+both. See docs/decisions/0012-commit-ordered-positions.md.
+
+The lock is checked, not hoped: lock sites call `note_pool_lock` (and a create,
+`note_pool_created`), and `append_events` refuses (LockOrderViolation, an AssertionError,
+logged) an event for a pool its transaction neither locked nor created. SQLite has one
+writer at a time, so there tx stays 0 and seq order is commit order.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sqlalchemy import insert, text
+from sqlalchemy import BigInteger, bindparam, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import aliased
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FunctionElement
 
-from app.db.models import Event, EventAudience, utcnow
+from app.db.models import Event, EventAudience, Pool, utcnow
+from app.events.cursor import Position
+
+log = logging.getLogger(__name__)
 
 EVENT_TYPES: Final = (
     "pool.created",
@@ -26,8 +49,53 @@ EVENT_TYPES: Final = (
     "pool.updated",
     "pool.archived",
 )
-# Any constant works; it only has to be the same for every writer.
-OUTBOX_LOCK_KEY: Final = 0x62635F6F7574  # "bc_out"
+
+# session.info key: the pools whose rows the transaction locked or inserted
+_POOLS: Final = "bettercompute.event_pools"
+
+
+class CurrentTx(FunctionElement[int]):
+    """The writing transaction's id as a BIGINT (assigning one if needed); 0 on SQLite."""
+
+    type = BigInteger()
+    name = "current_tx"
+    inherit_cache = True
+
+
+@compiles(CurrentTx)
+def _current_tx(element: CurrentTx, compiler: SQLCompiler, **kw: Any) -> str:
+    return "0"
+
+
+@compiles(CurrentTx, "postgresql")
+def _current_tx_pg(element: CurrentTx, compiler: SQLCompiler, **kw: Any) -> str:
+    return "pg_current_xact_id()::text::bigint"
+
+
+def note_pool_lock(session: AsyncSession, pool_id: str) -> None:
+    """The transaction holds `pool_id`'s row lock (FOR NO KEY UPDATE, as owner writes take
+    it), so it may write the pool's events."""
+    session.info.setdefault(_POOLS, set()).add(pool_id)
+
+
+def note_pool_created(session: AsyncSession, pool_id: str) -> None:
+    """The transaction inserts `pool_id`'s row: no one else can write its events before
+    this commits, and whoever writes them next locks the row after that."""
+    session.info.setdefault(_POOLS, set()).add(pool_id)
+
+
+async def lock_pool_for_events(session: AsyncSession, pool_id: str) -> bool:
+    """Lock a pool's row as its owner writes do (FOR NO KEY UPDATE) and note it, for a
+    writer of events that locks nothing else (tools, tests). False if there is no such pool."""
+    found = (
+        await session.execute(
+            select(Pool.id).where(Pool.id == pool_id).with_for_update(key_share=True)
+        )
+    ).scalar_one_or_none()
+    if found is None:
+        return False
+    note_pool_lock(session, pool_id)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,40 +107,61 @@ class PendingEvent:
     audience: frozenset[str] = field(default_factory=frozenset)
 
 
-async def append_events(session: AsyncSession, events: Iterable[PendingEvent]) -> int | None:
-    """Insert the events; returns the newest seq. Call last, right before commit."""
+_PRIOR = aliased(Event)
+# The pool's newest tx, read under its lock: every earlier event of the pool has committed.
+_POOL_NEWEST_TX = (
+    select(func.coalesce(func.max(_PRIOR.tx), 0))
+    .where(_PRIOR.pool_id == bindparam("tx_pool"))
+    .scalar_subquery()
+)
+_INSERT = (
+    insert(Event)
+    .values(tx=func.greatest(CurrentTx(), _POOL_NEWEST_TX))
+    .returning(Event.tx, Event.seq, sort_by_parameter_order=True)
+)
+_INSERT_SQLITE = insert(Event).returning(Event.tx, Event.seq, sort_by_parameter_order=True)
+
+
+class LockOrderViolation(AssertionError):
+    """An event for a pool whose row the transaction did not lock: its place in the pool's
+    order would be a race, so the write is refused."""
+
+
+async def append_events(session: AsyncSession, events: Iterable[PendingEvent]) -> Position | None:
+    """Insert the events; returns the newest position. Call last, right before commit."""
     pending = list(events)
     if not pending:
         return None
-    if session.get_bind().dialect.name == "postgresql":
-        # Held until commit: the next writer draws its numbers only after ours are visible.
-        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": OUTBOX_LOCK_KEY})
+    pools: set[str] = session.info.get(_POOLS, set())
+    unlocked = sorted({e.pool_id for e in pending} - pools)
+    if unlocked:
+        log.error("events refused: pools %s were not locked by their transaction", unlocked)
+        raise LockOrderViolation(f"events for pools their transaction did not lock: {unlocked}")
     now = utcnow()
-    # One statement however many events; seqs come back in the order of `pending`.
-    seqs = (
-        (
-            await session.execute(
-                insert(Event).returning(Event.seq, sort_by_parameter_order=True),
-                [
-                    {
-                        "type": item.type,
-                        "pool_id": item.pool_id,
-                        "tenant_id": item.tenant_id,
-                        "occurred_at": now,
-                        "data": item.data,
-                    }
-                    for item in pending
-                ],
-            )
-        )
-        .scalars()
-        .all()
-    )
+    rows = [
+        {
+            "type": item.type,
+            "pool_id": item.pool_id,
+            "tenant_id": item.tenant_id,
+            "occurred_at": now,
+            "data": item.data,
+        }
+        for item in pending
+    ]
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        for row in rows:
+            row["tx_pool"] = row["pool_id"]
+    # One statement however many events; positions come back in the order of `pending`.
+    positions = [
+        Position(tx, seq)
+        for tx, seq in (await session.execute(_INSERT if postgres else _INSERT_SQLITE, rows)).all()
+    ]
     audience = [
-        {"seq": seq, "tenant_id": tenant}
-        for seq, item in zip(seqs, pending, strict=True)
+        {"seq": position.seq, "tenant_id": tenant}
+        for position, item in zip(positions, pending, strict=True)
         for tenant in sorted(item.audience)
     ]
     if audience:
         await session.execute(insert(EventAudience), audience)
-    return max(seqs)
+    return max(positions)

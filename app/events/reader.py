@@ -1,8 +1,12 @@
-"""Reading the outbox in commit order.
+"""Reading the outbox in position order, behind the transaction-id horizon.
 
-Because seqs become visible in seq order (see outbox.py), "every event with seq > N"
-read now is complete up to the newest seq seen: nothing with a smaller seq can still
-appear later. Every reader (the relay, a resuming subscriber) relies on that.
+A reader reads only positions (tx, seq) with `tx < pg_snapshot_xmin(pg_current_snapshot())`
+(the horizon: every transaction with a smaller id has ended; no bound on SQLite, where tx is
+always 0 and one writer at a time gives commit order). A transaction still running, or one
+that gets its id later, writes only positions at or above the horizon, and the horizon only
+grows, so "every event after position P", read now, is complete: nothing can still appear
+below what was read. Every reader (the relay, a resuming subscriber) relies on that
+(docs/decisions/0012-commit-ordered-positions.md).
 """
 
 from __future__ import annotations
@@ -13,11 +17,56 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    bindparam,
+    delete,
+    exists,
+    insert,
+    literal,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.engine import Executor
-from app.db.models import Event, EventAudience
-from app.events.cursor import encode_cursor
+from app.db.models import Event, EventAudience, EventsPruned
+from app.events.cursor import BIGINT_MAX, START, Position, as_position, encode_cursor
+
+
+class Horizon(FunctionElement[int]):
+    """The transaction-id horizon of the statement's snapshot: every transaction with a
+    smaller id has ended. On SQLite, larger than any tx."""
+
+    type = BigInteger()
+    name = "event_horizon"
+    inherit_cache = True
+
+
+@compiles(Horizon)
+def _horizon(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(BIGINT_MAX)
+
+
+@compiles(Horizon, "postgresql")
+def _horizon_pg(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
+    return "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+
+
+def _position() -> ColumnElement[Any]:
+    return tuple_(Event.tx, Event.seq)
+
+
+def _at(position: Position) -> ColumnElement[Any]:
+    return tuple_(position.tx, position.seq)
+
+
+_VISIBLE = Event.tx < Horizon()
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +80,7 @@ class OutboxEvent:
     occurred_at: datetime
     data: dict[str, Any]
     audience: frozenset[str]  # the tenants it is for (only those asked about, when filtered)
+    tx: int = 0  # the writing transaction (0 on SQLite and before migration 0009)
     # What is read for this event once and shared by every subscriber it is shown to
     # (app/capacity/event_reads.py): an init field, so a reduced view made with
     # `dataclasses.replace` shares the same dict.
@@ -41,39 +91,84 @@ class OutboxEvent:
     renderings: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
+    def position(self) -> Position:
+        return Position(self.tx, self.seq)
+
+    @property
     def cursor(self) -> str:
-        return encode_cursor(self.seq)
+        return encode_cursor(self.position)
 
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    oldest: int | None  # None when the outbox is empty
-    newest: int  # 0 when the outbox is empty
+    oldest: Position | None  # None when no event is visible
+    newest: Position  # the newest visible position; `pruned` when none is
+    pruned: Position  # retention deleted every event up to here (START: none)
+
+    def expired(self, after: Position) -> bool:
+        """Whether an event after `after` was pruned: exact, as pruning deletes a prefix."""
+        return after < self.pruned
+
+
+_NEWEST = (
+    select(Event.tx, Event.seq).where(_VISIBLE).order_by(Event.tx.desc(), Event.seq.desc()).limit(1)
+)
+_OLDEST = select(Event.tx, Event.seq).where(_VISIBLE).order_by(Event.tx, Event.seq).limit(1)
+_PRUNED = select(EventsPruned.tx, EventsPruned.seq).where(EventsPruned.id == 1)
 
 
 async def outbox_bounds(executor: Executor) -> Bounds:
-    row = (await executor.execute(select(func.min(Event.seq), func.max(Event.seq)))).one()
-    return Bounds(oldest=row[0], newest=row[1] or 0)
+    """The visible outbox's ends and the pruned-through position. Three index probes in one
+    statement, so on PostgreSQL one snapshot (one horizon) answers all of them."""
+    one = select(literal(1).label("one")).subquery("one")
+    newest, oldest, pruned = _NEWEST.subquery("n"), _OLDEST.subquery("o"), _PRUNED.subquery("p")
+    row = (
+        await executor.execute(
+            select(newest.c.tx, newest.c.seq, oldest.c.tx, oldest.c.seq, pruned.c.tx, pruned.c.seq)
+            .select_from(one)
+            .outerjoin(newest, true())
+            .outerjoin(oldest, true())
+            .outerjoin(pruned, true())
+        )
+    ).one()
+    pruned_at = START if row[4] is None else Position(row[4], row[5])
+    oldest_at = None if row[2] is None else Position(row[2], row[3])
+    newest_at = pruned_at if row[0] is None else max(Position(row[0], row[1]), pruned_at)
+    return Bounds(oldest=oldest_at, newest=newest_at, pruned=pruned_at)
+
+
+_PENDING = select(exists().where(Event.tx >= Horizon()))
+
+
+async def committed_above_horizon(executor: Executor) -> bool:
+    """Whether committed events wait above the horizon (a transaction with a smaller id is
+    still running): a reader that has read everything below it should look again soon."""
+    return bool((await executor.execute(_PENDING)).scalar_one())
 
 
 async def read_events(
     executor: Executor,
-    after: int,
+    after: Position | int,
     *,
     limit: int,
-    upto: int | None = None,
+    upto: Position | None = None,
     tenants: Collection[str] | None = None,
     pool_id: str | None = None,
     types: Collection[str] | None = None,
 ) -> list[OutboxEvent]:
-    """Events with `after < seq <= upto`, oldest first, at most `limit`.
+    """Visible events with `after < position <= upto`, in position order, at most `limit`.
 
     With `tenants`, only events whose audience holds one of them, and `audience` holds
     only those tenants; `pool_id` and `types` narrow further.
     """
-    query = select(Event.__table__).where(Event.seq > after).order_by(Event.seq).limit(limit)
+    query = (
+        select(Event.__table__)
+        .where(_position() > _at(as_position(after)), _VISIBLE)
+        .order_by(Event.tx, Event.seq)
+        .limit(limit)
+    )
     if upto is not None:
-        query = query.where(Event.seq <= upto)
+        query = query.where(_position() <= _at(upto))
     if pool_id is not None:
         query = query.where(Event.pool_id == pool_id)
     if types is not None:
@@ -85,7 +180,7 @@ async def read_events(
     rows = (await executor.execute(query)).all()
     if not rows:
         return []
-    audiences = await _audiences(executor, rows[0].seq, rows[-1].seq, tenants)
+    audiences = await _audiences(executor, [r.seq for r in rows], tenants)
     return [
         OutboxEvent(
             seq=r.seq,
@@ -95,16 +190,18 @@ async def read_events(
             occurred_at=r.occurred_at,
             data=dict(r.data),
             audience=frozenset(audiences.get(r.seq, ())),
+            tx=r.tx,
         )
         for r in rows
     ]
 
 
 async def _audiences(
-    executor: Executor, first: int, last: int, tenants: Collection[str] | None
+    executor: Executor, seqs: list[int], tenants: Collection[str] | None
 ) -> dict[int, list[str]]:
+    # seq is the audience's key; in position order seqs are not a range, so name them.
     query = select(EventAudience.seq, EventAudience.tenant_id).where(
-        EventAudience.seq >= first, EventAudience.seq <= last
+        EventAudience.seq.in_(bindparam("seqs", seqs, expanding=True))
     )
     if tenants is not None:
         query = query.where(EventAudience.tenant_id.in_(tenants))
@@ -115,20 +212,47 @@ async def _audiences(
 
 
 async def prune_events(executor: Executor, older_than: datetime, limit: int | None = None) -> int:
-    """Delete events that occurred before `older_than`, as a prefix of the seq order, and
-    never the newest one: SQLite numbers a new row max(seq) + 1, so keeping the newest
-    keeps seqs from ever going back. At most `limit` events go per call, so one call is
-    one short transaction however far behind pruning is. Returns how many were deleted."""
-    newest_old = (
-        await executor.execute(select(func.max(Event.seq)).where(Event.occurred_at < older_than))
-    ).scalar_one()
-    newest = (await executor.execute(select(func.max(Event.seq)))).scalar_one()
-    if newest_old is None or newest is None:
+    """Delete events that occurred before `older_than`, as a prefix of the position order
+    below the horizon, and never the newest visible one (SQLite numbers a new row
+    max(seq) + 1, so keeping the newest keeps seqs from ever going back; it also keeps
+    `Bounds.newest` a real row). At most `limit` events go per call, so one call is one
+    short transaction however far behind pruning is. Records the position pruned through,
+    so expiry is exact (`Bounds.expired`). Returns how many were deleted."""
+    newest = (await executor.execute(_NEWEST)).one_or_none()
+    if newest is None:
         return 0
-    upto = min(newest_old, newest - 1)
+    candidates = (
+        select(Event.tx, Event.seq)
+        .where(_VISIBLE, _position() < _at(Position(*newest)), Event.occurred_at < older_than)
+        .order_by(Event.tx.desc(), Event.seq.desc())
+        .limit(1)
+    )
+    newest_old = (await executor.execute(candidates)).one_or_none()
+    if newest_old is None:
+        return 0
+    upto = Position(*newest_old)
     if limit is not None:
-        oldest = (await executor.execute(select(func.min(Event.seq)))).scalar_one()
-        upto = min(upto, oldest + limit - 1)
-    await executor.execute(delete(EventAudience).where(EventAudience.seq <= upto))
-    result = await executor.execute(delete(Event).where(Event.seq <= upto))
+        nth = (
+            await executor.execute(
+                select(Event.tx, Event.seq).order_by(Event.tx, Event.seq).offset(limit - 1).limit(1)
+            )
+        ).one_or_none()
+        if nth is not None:
+            upto = min(upto, Position(*nth))
+    prefix = select(Event.seq).where(_position() <= _at(upto))
+    await executor.execute(delete(EventAudience).where(EventAudience.seq.in_(prefix)))
+    result = await executor.execute(delete(Event).where(_position() <= _at(upto)))
+    await _record_pruned(executor, upto)
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+async def _record_pruned(executor: Executor, upto: Position) -> None:
+    done = await executor.execute(
+        update(EventsPruned)
+        .where(EventsPruned.id == 1, tuple_(EventsPruned.tx, EventsPruned.seq) < _at(upto))
+        .values(tx=upto.tx, seq=upto.seq)
+    )
+    if not getattr(done, "rowcount", 0):
+        present = (await executor.execute(_PRUNED)).one_or_none()
+        if present is None:
+            await executor.execute(insert(EventsPruned).values(id=1, tx=upto.tx, seq=upto.seq))

@@ -17,9 +17,17 @@ out to this process's subscriptions.
 Who may read each event, and what of it, is the domain's rule: the relay is given it as
 `visibility` (app/events/delivery.py) and asks it once per batch it reads.
 
-Exactly once, in order: a subscription delivers only seqs above the last one it
+Exactly once, in order: a subscription delivers only positions above the last one it
 delivered, and it switches from the outbox to its mailbox only once it has read the
-outbox up to the relay's cursor, so every later seq reaches its mailbox.
+outbox up to the relay's cursor, so every later position reaches its mailbox. Both reads
+are complete up to what they return because they stay below the transaction-id horizon
+(reader.py; docs/decisions/0012-commit-ordered-positions.md).
+
+A commit's wake-up may arrive while its event is still above the horizon (a transaction
+with a smaller id, possibly one that writes no event, is still running): the relay then
+reads again after a short, growing pause (1 ms doubling to 20 ms) until it has read the
+newest position it was told of and no committed event waits above the horizon, so
+delivery follows the horizon closely even when a wake-up was lost.
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from app import metrics
 from app.config import Settings
 from app.db.engine import Database
 from app.errors import InvalidInput, InvalidState
+from app.events.cursor import START, Position
 from app.events.delivery import F, ShownEvents, Visibility
 from app.events.reader import (
-    Bounds,
     OutboxEvent,
+    committed_above_horizon,
     outbox_bounds,
     prune_events,
     read_events,
@@ -53,10 +62,9 @@ CURSOR_EXPIRED = "CURSOR_EXPIRED"
 
 # Events deleted per pruning transaction: bounds the lock and WAL of each one.
 PRUNE_BATCH = 5000
-
-
-def _expired(bounds: Bounds, last_seq: int) -> bool:
-    return bounds.oldest is not None and last_seq + 1 < bounds.oldest
+# Re-reads while a committed event is still above the horizon: first pause, longest pause.
+HORIZON_RETRY_FIRST_S = 0.001
+HORIZON_RETRY_MAX_S = 0.02
 
 
 def cursor_expired() -> InvalidState:
@@ -124,9 +132,9 @@ class Mailbox:
 class Subscription(Generic[F]):
     """One subscriber's stream: from the outbox until level with the relay, then live."""
 
-    def __init__(self, relay: Relay[F], event_filter: F, start: int) -> None:
+    def __init__(self, relay: Relay[F], event_filter: F, start: Position) -> None:
         self.filter = event_filter
-        self.last_seq = start  # everything up to here is delivered or not for us
+        self.last = start  # everything up to here is delivered or not for us
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -150,21 +158,21 @@ class Subscription(Generic[F]):
                         self._waiting_since = loop.time()
                         yield event
                         self._waiting_since = None
-                        self.last_seq = event.seq
-                    self.last_seq = max(self.last_seq, covered)
-                    if complete and self.last_seq >= relay.cursor:
+                        self.last = event.position
+                    self.last = max(self.last, covered)
+                    if complete and self.last >= relay.cursor:
                         self.mailbox.reset()
-                        self.live = True  # from here every seq above relay.cursor is mailed
+                        self.live = True  # from here every position above relay.cursor is mailed
                     continue
                 mailed = await self.mailbox.get()
                 if mailed is None:
                     continue  # the relay set live = False when it overflowed
-                if mailed.seq <= self.last_seq:
+                if mailed.position <= self.last:
                     continue
                 self._waiting_since = loop.time()
                 yield mailed
                 self._waiting_since = None
-                self.last_seq = mailed.seq
+                self.last = mailed.position
         finally:
             relay.detach(self)
 
@@ -223,7 +231,7 @@ class Relay(Generic[F]):
         batch_size: int = 500,
     ) -> None:
         self.queue_size = queue_size
-        self.cursor = 0  # every event up to here has been offered to the subscriptions
+        self.cursor = START  # every event up to here has been offered to the subscriptions
         self.db = db
         self._visibility = visibility
         # The relay's reads, one wake-up at a time: on PostgreSQL without a transaction
@@ -246,7 +254,10 @@ class Relay(Generic[F]):
         self._tasks: list[asyncio.Task[None]] = []
         self._cursor_ready = False
         self._cursor_lock = asyncio.Lock()
-        self.newest_known = 0  # the newest committed seq a wake-up or a read told of
+        # The last drain left committed events above the horizon (a wake-up may have been
+        # lost, so the relay does not know their positions): look again soon.
+        self._above_horizon = False
+        self.newest_known = START  # the newest committed position a wake-up or a read told of
         self.caught_up_at: float | None = None  # loop time the relay last read to the end
 
     @property
@@ -273,18 +284,22 @@ class Relay(Generic[F]):
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
-    def wake(self, seq: int | None) -> None:
-        """A wake-up: seq is the newest committed somewhere, None means "check"."""
-        if seq is None or seq > self.cursor:
+    def wake(self, position: Position | None) -> None:
+        """A wake-up: the newest position committed somewhere, None means "check"."""
+        if position is None or position > self.cursor:
             self._wanted.set()
-        if seq is not None and seq > self.newest_known:
-            self.newest_known = seq
+        if position is not None and position > self.newest_known:
+            self.newest_known = position
             metrics.OUTBOX_LAG.set(self.lag)
 
     @property
     def lag(self) -> int:
-        """Events committed (as far as this process knows) that it has not relayed yet."""
-        return max(0, self.newest_known - self.cursor)
+        """Events committed (as far as this process knows) that it has not relayed yet:
+        0 when level, else at least 1 (seqs are drawn before commit, so the count is
+        approximate)."""
+        if self.newest_known <= self.cursor:
+            return 0
+        return max(1, self.newest_known.seq - self.cursor.seq)
 
     async def _ensure_cursor(self) -> None:
         """Start the relay's cursor at the newest event, once; retried until the database
@@ -299,8 +314,8 @@ class Relay(Generic[F]):
             self.newest_known = max(self.newest_known, self.cursor)
             self._cursor_ready = True
 
-    async def open(self, event_filter: F, after: int | None) -> Subscription[F]:
-        """A subscription starting now, or right after the `after` seq."""
+    async def open(self, event_filter: F, after: Position | None) -> Subscription[F]:
+        """A subscription starting now, or right after the `after` position."""
         await self._ensure_cursor()
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
@@ -308,7 +323,7 @@ class Relay(Generic[F]):
             return Subscription(self, event_filter, bounds.newest)
         if after > bounds.newest:
             raise InvalidInput("the cursor is not one this service issued", field="after")
-        if bounds.oldest is not None and after + 1 < bounds.oldest:
+        if bounds.expired(after):
             raise cursor_expired()
         return Subscription(self, event_filter, after)
 
@@ -330,17 +345,17 @@ class Relay(Generic[F]):
 
     async def replay_page(
         self, subscription: Subscription[F]
-    ) -> tuple[list[OutboxEvent], int, bool]:
-        """The subscription's next page from the outbox: (its events, the seq read up to,
-        whether that is the newest committed seq)."""
+    ) -> tuple[list[OutboxEvent], Position, bool]:
+        """The subscription's next page from the outbox: (its events, the position read up
+        to, whether that is the newest visible position)."""
         flt = subscription.filter
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
-            if bounds.oldest is not None and subscription.last_seq + 1 < bounds.oldest:
+            if bounds.expired(subscription.last):
                 raise cursor_expired()
             events = await read_events(
                 conn,
-                subscription.last_seq,
+                subscription.last,
                 upto=bounds.newest,
                 limit=self._batch_size,
                 tenants=flt.tenants,
@@ -348,41 +363,50 @@ class Relay(Generic[F]):
                 types=flt.types,
             )
             # Pruning may have committed between the two reads (each statement sees its
-            # own snapshot on PostgreSQL): if the cursor's successor is gone now, the read
-            # may have missed it. Pruning only deletes a prefix, so if it is still there,
-            # nothing the read needed was gone.
-            if _expired(await outbox_bounds(conn), subscription.last_seq):
+            # own snapshot on PostgreSQL): if it has now pruned past the cursor, the read
+            # may have missed an event. Pruning only deletes a prefix and records how far,
+            # so if it has not, nothing the read needed was gone.
+            if (await outbox_bounds(conn)).expired(subscription.last):
                 raise cursor_expired()
             shown_events = await self._visibility.load(conn, events)
         complete = len(events) < self._batch_size
-        covered = bounds.newest if complete else events[-1].seq
+        covered = bounds.newest if complete else events[-1].position
         shown = [shown_events.readable(e, flt) for e in events]
         return [e for e in shown if e is not None], covered, complete
 
     # -- the loops ------------------------------------------------------------------------
 
     async def _relay_loop(self) -> None:
+        retry_s = 0.0  # > 0 while a committed event is still above the horizon
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._poll_interval_s):
+                async with asyncio.timeout(retry_s or self._poll_interval_s):
                     await self._wanted.wait()
             self._wanted.clear()
             try:
                 await self._drain()
             except Exception as exc:  # the database is away: the next round retries
                 log.warning("event relay: %s: %s", type(exc).__name__, exc)
+                retry_s = 0.0
+                continue
+            if self.newest_known > self.cursor or self._above_horizon:
+                retry_s = min(2 * retry_s or HORIZON_RETRY_FIRST_S, HORIZON_RETRY_MAX_S)
+            else:
+                retry_s = 0.0
 
     async def _drain(self) -> None:
         await self._ensure_cursor()
         while True:
             async with self._drain_reader.connect() as conn:
                 events = await read_events(conn, self.cursor, limit=self._batch_size)
+                if len(events) < self._batch_size:
+                    self._above_horizon = await committed_above_horizon(conn)
                 if not events:
                     self._caught_up()
                     return
                 shown_events = await self._visibility.load(conn, events)
             self._fan_out(events, shown_events)
-            self.cursor = events[-1].seq
+            self.cursor = events[-1].position
             if len(events) < self._batch_size:
                 self._caught_up()
                 return

@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from app.db.migrate import alembic_config, current_revision, head_revision, upgrade
@@ -135,3 +135,96 @@ def test_the_cli_head_constant_is_the_chain_head() -> None:
     from app.db.head import HEAD_REVISION
 
     assert head_revision() == HEAD_REVISION
+
+
+def _upgrade_to_0008(connection: Connection) -> None:
+    command.upgrade(alembic_config(connection), "0008")
+
+
+def _events_before_0009(connection: Connection) -> None:
+    """What a service at 0008 left: six events (seq 1..6), the first two pruned."""
+    connection.execute(
+        text("INSERT INTO tenants (id, created_at) VALUES ('acme', CURRENT_TIMESTAMP)")
+    )
+    connection.execute(
+        text(
+            "INSERT INTO sites (id, tenant_id, kind, region, agent_revision, created_at) "
+            "VALUES ('site_old', 'acme', 'custom', 'eu-west', 1, CURRENT_TIMESTAMP)"
+        )
+    )
+    connection.execute(
+        text(
+            "INSERT INTO pools (id, tenant_id, site_id, class, sharing, agent, policy, region,"
+            " archived, version, created_at, updated_at) VALUES ('pool_old', 'acme', 'site_old',"
+            " 'metal-host', 'exclusive', 'none', '{}', 'eu-west', false, 1, CURRENT_TIMESTAMP,"
+            " CURRENT_TIMESTAMP)"
+        )
+    )
+    for n in range(6):
+        connection.execute(
+            text(
+                "INSERT INTO events (type, pool_id, tenant_id, occurred_at, data) VALUES"
+                " ('pool.updated', 'pool_old', 'acme', CURRENT_TIMESTAMP, :data)"
+            ),
+            {"data": f'{{"n": {n}}}'},
+        )
+        connection.execute(
+            text("INSERT INTO event_audience (seq, tenant_id) VALUES (:seq, 'acme')"),
+            {"seq": n + 1},
+        )
+    connection.execute(text("DELETE FROM event_audience WHERE seq <= 2"))
+    connection.execute(text("DELETE FROM events WHERE seq <= 2"))  # as 0008's pruner did
+
+
+async def test_cursors_handed_out_before_0009_resume_exactly_after_it(
+    fresh_database_url: str,
+) -> None:
+    """ev1 cursors taken at 0008 mean the same events at 0009: resuming after one gives
+    exactly the later old events, then the ones written since; expiry reads the same."""
+    from app.db.engine import create_database
+    from app.events.cursor import decode_cursor, encode_cursor
+    from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
+    from app.events.reader import outbox_bounds, read_events
+    from tests.events.support import all_visible
+
+    await _run(fresh_database_url, _upgrade_to_0008)
+    await _run(fresh_database_url, _events_before_0009)
+    # Cursors as 0008 handed them out: base64url of "ev1:<seq>".
+    taken = {seq: encode_cursor(seq) for seq in (1, 2, 4, 6)}
+    assert taken[4] == "ZXYxOjQ"
+    assert await upgrade(fresh_database_url) == head_revision()
+
+    db = create_database(fresh_database_url)
+    try:
+        async with AsyncSession(db.writer) as session:
+            assert await lock_pool_for_events(session, "pool_old")
+            await append_events(
+                session,
+                [PendingEvent("pool.updated", "pool_old", "acme", {"n": n}) for n in (6, 7)],
+            )
+            await session.commit()
+        await all_visible(db)
+        async with db.reader.connect() as conn:
+            bounds = await outbox_bounds(conn)
+            resumed = {
+                seq: [e.data["n"] for e in await read_events(conn, decode_cursor(c), limit=50)]
+                for seq, c in taken.items()
+            }
+        assert resumed[2] == [2, 3, 4, 5, 6, 7]
+        assert resumed[4] == [4, 5, 6, 7]
+        assert resumed[6] == [6, 7]
+        # Expired exactly as before: ev1:1's successor (seq 2) was pruned, ev1:2's was not.
+        assert bounds.expired(decode_cursor(taken[1]))
+        assert not bounds.expired(decode_cursor(taken[2]))
+        new_tx = {e.tx for e in await _read_all(db)} - {0}
+        assert len(new_tx) == (0 if db.dialect == "sqlite" else 1)
+    finally:
+        await db.dispose()
+
+
+async def _read_all(db: Any) -> list[Any]:
+    from app.events.cursor import START
+    from app.events.reader import read_events
+
+    async with db.reader.connect() as conn:
+        return list(await read_events(conn, START, limit=100))

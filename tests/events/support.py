@@ -3,18 +3,80 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import insert, text
 from starlette.applications import Starlette
 
 from app.capacity.inputs import PoolEventsInput, parse_input
 from app.capacity.service import Capacity
+from app.db.engine import Database
+from app.db.models import Pool
+from app.events.cursor import Position
 from app.events.outbox import PendingEvent
 from app.events.reader import OutboxEvent, outbox_bounds
 from app.events.relay import Relay, Subscription
 from app.iam.callers import authenticate
+from tests.support import Fleet
+
+
+async def bare_pools(fleet: Fleet, db: Database, count: int, owner: str = "acme") -> list[str]:
+    """`count` pools of `owner` as bare rows (no offers, no authz rows): enough for the
+    outbox, whose writers lock the pool's row."""
+    await fleet.tenant(owner)
+    site = await fleet.site(owner)
+    ids = [f"pool_bare{secrets.token_hex(6)}" for _ in range(count)]
+    async with db.writer.begin() as conn:
+        await conn.execute(
+            insert(Pool),
+            [
+                {
+                    "id": pool_id,
+                    "tenant_id": owner,
+                    "site_id": site,
+                    "pool_class": "metal-host",
+                    "sharing": "exclusive",
+                    "agent": "none",
+                    "region": "eu-west",
+                }
+                for pool_id in ids
+            ],
+        )
+    return ids
+
+
+async def until_lock_waits(db: Database, count: int, *tasks: asyncio.Task[Any]) -> None:
+    """Until `count` PostgreSQL sessions wait on a lock; none of `tasks` may end first."""
+    deadline = time.monotonic() + 30
+    query = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+    async with db.reader.connect() as conn:
+        while (await conn.execute(query)).scalar_one() < count:
+            for task in tasks:
+                assert not task.done(), task.result()
+            assert time.monotonic() < deadline, "no session waits on a lock"
+            await asyncio.sleep(0.01)
+            await conn.rollback()  # a fresh snapshot of pg_stat_activity
+
+
+async def all_visible(db: Database, within_s: float = 30.0) -> None:
+    """Until every committed event is below the transaction-id horizon (at once on SQLite).
+    The horizon is the cluster's: any transaction still running on the server, of any
+    database, holds it back, so a test reading the outbox right after a commit waits."""
+    query = text(
+        "SELECT COALESCE(MAX(tx), 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        " FROM events"
+    )
+    if db.dialect != "postgresql":
+        return
+    deadline = time.monotonic() + within_s
+    async with db.reader.connect() as conn:
+        while not (await conn.execute(query)).scalar_one():
+            assert time.monotonic() < deadline, "the horizon did not pass the newest event"
+            await asyncio.sleep(0.005)
+            await conn.rollback()
 
 
 async def wait_until(condition: Callable[[], bool], within_s: float = 20.0) -> None:
@@ -44,6 +106,10 @@ class Collector:
     def seqs(self) -> list[int]:
         return [e.seq for e in self.events]
 
+    @property
+    def positions(self) -> list[Position]:
+        return [e.position for e in self.events]
+
     def types(self) -> list[str]:
         return [e.type for e in self.events]
 
@@ -63,6 +129,10 @@ async def subscribe(
 ) -> Collector:
     """A `poolEvents` subscription opened as the transports open it, being read."""
     capacity: Capacity = app.state.capacity
+    if arguments.get("after") is None:
+        # "From now": what committed before must be below the horizon, or it is still to
+        # come for this subscription too (docs/decisions/0012).
+        await all_visible(capacity.db)
     principal = await authenticate(capacity.db, f"Bearer {token}")
     payload = {"tenantId": tenant_id, **{k: v for k, v in arguments.items() if v is not None}}
     subscription = await capacity.open_pool_events(principal, parse_input(PoolEventsInput, payload))
@@ -74,6 +144,7 @@ async def settle(app: Starlette, *collectors: Collector) -> None:
     has taken everything mailed to it."""
     relay: Relay = app.state.relay
     capacity: Capacity = app.state.capacity
+    await all_visible(capacity.db)  # else "newest" may be short of the last commit
     async with capacity.db.reader.connect() as conn:
         newest = (await outbox_bounds(conn)).newest
     await wait_until(lambda: relay.cursor >= newest and all(c.idle for c in collectors))
@@ -85,6 +156,7 @@ async def emit_updates(
     """`count` pool.updated events for one tenant in one unit of work (the real outbox
     writer and wake-up), numbered in `data.n`."""
     async with capacity.unit_of_work() as uow:
+        assert await uow.lock_pool(pool_id)  # as the domain's writes lock it (outbox.py)
         for n in range(start, start + count):
             uow.emit(
                 PendingEvent(

@@ -152,7 +152,7 @@ async def test_the_relay_reads_the_outbox_without_a_transaction(
         await settle(app, collector)  # one wake-up and drain per event
     await collector.close()
     assert [e.data["n"] for e in collector.events] == list(range(5))
-    assert relay.cursor == collector.seqs[-1]
+    assert relay.cursor == collector.positions[-1]
     assert begun
     # Behind PgBouncer's transaction pooling only a transaction keeps a prepared statement
     # on the server connection that prepared it: there the relay reads in one.

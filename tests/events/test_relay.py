@@ -11,11 +11,11 @@ from starlette.applications import Starlette
 
 from app.capacity.service import Capacity
 from app.errors import DomainError, InvalidInput, InvalidState, PermissionDenied
-from app.events.cursor import encode_cursor
-from app.events.reader import outbox_bounds
+from app.events.cursor import START, Position, encode_cursor
+from app.events.reader import outbox_bounds, read_events
 from app.events.relay import Relay
 from tests.events.conftest import AppFactory
-from tests.events.support import emit_updates, settle, subscribe, wait_until
+from tests.events.support import all_visible, emit_updates, settle, subscribe, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -120,12 +120,14 @@ async def test_resume_after_a_cursor_replays_then_continues_live(
     assert eleventh.data == {"n": 10}
 
     # Resume after the 3rd update: the 4th..11th from the outbox, then live.
-    third = eleventh.seq - 8
+    async with capacity.db.reader.connect() as conn:
+        stored = await read_events(conn, START, limit=100)
+    (third,) = [e.position for e in stored if e.data == {"n": 2}]
     resumed = await subscribe(app, s.token, "acme", after=encode_cursor(third))
     await emit_updates(capacity, pool_id, "acme", 5, start=11)
     await settle(app, resumed)
     assert [e.data["n"] for e in resumed.events] == list(range(3, 16))
-    assert resumed.seqs == sorted(set(resumed.seqs))
+    assert resumed.positions == sorted(set(resumed.positions))
     # From the very beginning: the created event first, the same rule as live.
     everything = await subscribe(app, s.token, "acme", after=encode_cursor(0))
     await settle(app, everything)
@@ -177,7 +179,7 @@ async def test_a_client_that_stops_taking_events_is_evicted(
     ("arguments", "error", "field"),
     [
         ({"after": "not-a-cursor"}, InvalidInput, "after"),
-        ({"after": encode_cursor(10**9)}, InvalidInput, "after"),  # never issued
+        ({"after": encode_cursor(Position(2**62, 1))}, InvalidInput, "after"),  # never issued
         ({"types": ["pool.deleted"]}, InvalidInput, "types[0]"),
         ({"poolId": "site_01"}, InvalidInput, "poolId"),
         ({"tenantId": "beta"}, PermissionDenied, "tenantId"),
@@ -208,12 +210,13 @@ async def test_a_cursor_older_than_the_retention_window_is_expired(
         capacity: Capacity = app.state.capacity
         pool_id = (await s.pool())["id"]
         await emit_updates(capacity, pool_id, "acme", 5)
+        await all_visible(capacity.db)
         async with capacity.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
         first, newest = bounds.oldest, bounds.newest
         assert first is not None
 
-        async def oldest() -> int | None:
+        async def oldest() -> Position | None:
             async with capacity.db.reader.connect() as conn:
                 return (await outbox_bounds(conn)).oldest
 
@@ -226,8 +229,11 @@ async def test_a_cursor_older_than_the_retention_window_is_expired(
         with pytest.raises(InvalidState) as expired:
             await subscribe(app, s.token, "acme", after=encode_cursor(first))
         assert expired.value.details == {"field": "after", "reason": "CURSOR_EXPIRED"}
-        # The cursor just before the oldest kept event misses nothing: still valid.
-        resumed = await subscribe(app, s.token, "acme", after=encode_cursor(newest - 1))
+        # The position pruned through misses nothing: still valid, exactly.
+        async with capacity.db.reader.connect() as conn:
+            pruned = (await outbox_bounds(conn)).pruned
+        assert first <= pruned < newest
+        resumed = await subscribe(app, s.token, "acme", after=encode_cursor(pruned))
         await settle(app, resumed)
         assert [e.data["n"] for e in resumed.events] == [4]
         await resumed.close()

@@ -16,10 +16,10 @@ from app.capacity.service import Capacity
 from app.db.engine import Database
 from app.db.models import Event
 from app.errors import InvalidState
-from app.events.cursor import encode_cursor
-from app.events.reader import outbox_bounds, prune_events
+from app.events.cursor import START, Position, encode_cursor
+from app.events.reader import outbox_bounds, prune_events, read_events
 from tests.events.conftest import AppFactory
-from tests.events.support import emit_updates, subscribe, wait_until
+from tests.events.support import all_visible, emit_updates, settle, subscribe, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -32,16 +32,53 @@ async def test_pruning_deletes_at_most_a_batch_per_call(
         capacity: Capacity = app.state.capacity
         pool_id = (await s.pool())["id"]
         await emit_updates(capacity, pool_id, "acme", 30)
+    await all_visible(db)
     async with db.reader.connect() as conn:
         before = await outbox_bounds(conn)
-    assert before.oldest is not None
+        stored = [e.position for e in await read_events(conn, START, limit=100)]
+    assert before.oldest == stored[0] and len(stored) == 31  # pool.created, 30 updates
     later = datetime.now(UTC) + timedelta(seconds=60)  # every event is old enough
     async with db.writer.begin() as conn:
         assert await prune_events(conn, later, limit=10) == 10
     async with db.reader.connect() as conn:
         after = await outbox_bounds(conn)
-    assert after.oldest == before.oldest + 10
-    assert after.newest == before.newest
+    assert after.oldest == stored[10]
+    assert after.pruned == stored[9]
+    assert after.newest == before.newest == stored[-1]
+
+
+async def test_expiry_is_exact_in_position_order(
+    app_with: AppFactory, api: Api, fleet: Fleet, db: Database
+) -> None:
+    """Pruned through position P: a cursor at P or later resumes with everything after it,
+    one below P is expired. Two transactions, so positions differ in tx on PostgreSQL."""
+    async with app_with() as app:
+        s = await Scene.start(api, fleet)
+        capacity: Capacity = app.state.capacity
+        pool_id = (await s.pool())["id"]
+        await emit_updates(capacity, pool_id, "acme", 3)
+        await emit_updates(capacity, pool_id, "acme", 3, start=3)
+        await all_visible(db)
+        async with db.reader.connect() as conn:
+            stored = await read_events(conn, START, limit=100)
+        assert [e.data.get("n") for e in stored] == [None, 0, 1, 2, 3, 4, 5]
+        assert len({e.tx for e in stored[1:]}) == (1 if db.dialect == "sqlite" else 2)
+        through = stored[3]  # n = 2, the first transaction's last
+        later = datetime.now(UTC) + timedelta(seconds=60)
+        async with db.writer.begin() as conn:
+            assert await prune_events(conn, later, limit=4) == 4
+        async with db.reader.connect() as conn:
+            bounds = await outbox_bounds(conn)
+        assert bounds.pruned == through.position
+        assert bounds.oldest == stored[4].position
+        with pytest.raises(InvalidState) as expired:
+            await subscribe(app, s.token, "acme", after=stored[2].cursor)
+        assert expired.value.details == {"field": "after", "reason": "CURSOR_EXPIRED"}
+        for start, expected in ((3, [3, 4, 5]), (4, [4, 5]), (6, [])):
+            resumed = await subscribe(app, s.token, "acme", after=stored[start].cursor)
+            await settle(app, resumed)
+            assert [e.data["n"] for e in resumed.events] == expected
+            await resumed.close()
 
 
 async def test_subscribers_resuming_while_pruning_runs_miss_nothing(
@@ -66,7 +103,7 @@ async def test_subscribers_resuming_while_pruning_runs_miss_nothing(
                 await asyncio.sleep(0.02)
 
         async def resumer() -> None:
-            last: int | None = None
+            last: Position | None = None
             last_n: int | None = None
             while not stop.is_set():
                 arguments = {} if last is None else {"after": encode_cursor(last)}
@@ -90,7 +127,7 @@ async def test_subscribers_resuming_while_pruning_runs_miss_nothing(
                     assert ns[0] == last_n + 1, f"a gap after n={last_n}: got {ns[:5]}"
                 assert ns == list(range(ns[0], ns[0] + len(ns))) if ns else True
                 if collector.events:
-                    last, last_n = collector.events[-1].seq, ns[-1]
+                    last, last_n = collector.events[-1].position, ns[-1]
                 outcomes["resumed"] += 1
                 # Fall behind now and then, so some cursors age past the window.
                 # Resume with cursors about as old as the pruner's window, some just

@@ -103,6 +103,7 @@ async def flood(size: Size, capacity: Capacity, pool_id: str) -> None:
     filler = {"filler": "x" * size.padding} if size.padding else {}
     for start in range(0, size.events, PER_TRANSACTION):
         async with capacity.unit_of_work() as uow:
+            assert await uow.lock_pool(pool_id)  # as the domain's writes lock it
             for n in range(start, start + PER_TRANSACTION):
                 data = {"n": n, **filler}
                 uow.emit(PendingEvent("pool.updated", pool_id, "acme", data, frozenset({"acme"})))

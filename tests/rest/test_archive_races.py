@@ -19,7 +19,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.engine import Database
-from app.events.outbox import OUTBOX_LOCK_KEY
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -95,9 +94,9 @@ async def test_a_booking_behind_an_archive_is_refused(api: Api, fleet: Fleet, db
     s = await Scene.start(api, fleet)
     pool_id = await _pool(s)
     async with db.writer.connect() as holder:
-        # The archive stops right before it commits: its events need the outbox lock (ADR
-        # 0002), which we hold. By then it holds every row it locks.
-        await holder.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": OUTBOX_LOCK_KEY})
+        # The archive stops right before it commits: inserting its events waits for our
+        # SHARE lock on the outbox table. By then it holds every row it locks.
+        await holder.execute(text("LOCK TABLE events IN SHARE MODE"))
         archive = _start(s.api.post(s.token, "pools/archive", s.body(pool_id)))
         await _until_waiting(db, 1, archive)
         booking = _start(_booking(s, pool_id))

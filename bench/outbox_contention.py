@@ -1,0 +1,346 @@
+"""Event-writing transactions without the fleet-wide lock (issue 20, ADR 0012). A bench: it
+prints, asserts nothing.
+
+1. The statements one pool `update` issues (an event-writing transaction of the service,
+   run through the real domain on a throwaway database) are captured in order as the
+   driver sent them, and each is checked against `pg_stat_statements` (it must have been
+   counted once per captured update).
+2. They are replayed as a `pgbench` script, 32 clients, each on its own pool (the pool id
+   becomes `(ARRAY[...])[:client_id + 1]`; the audience row's seq becomes the events
+   sequence's `currval`), in three variants: `new` (as the service issues them), `bare`
+   (the ordering step taken out: tx = 0 in the INSERT, no probe), `old` (bare plus 0002's
+   `pg_advisory_xact_lock` before the INSERT). Printed: tps of each, new/bare (target
+   >= 0.7), old/bare, and the fraction of active backends of the bench database waiting on
+   a lock, sampled from pg_stat_activity every 20 ms (target <= 10% for new).
+3. Commit-to-delivery of events under 32 writers through the real relay (in process):
+   each writer updates its own pool through the domain; one subscription of the owner
+   tenant records when each version arrives; p50/p99 (target p99 < 50 ms).
+
+    .venv/bin/python -m bench.outbox_contention [--seconds 8] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+
+from app.capacity.inputs import CreatePoolInput, UpdatePoolInput, parse_input
+from app.capacity.inventory import create_site, create_tenant
+from app.capacity.service import Capacity
+from app.config import Settings
+from app.db.engine import Database, create_database
+from app.events.cursor import Position
+from app.events.reader import OutboxEvent
+from app.events.relay import Relay
+from app.iam.callers import authenticate, create_caller
+from app.iam.principal import Principal
+from bench.database import bench_database
+
+OLD_LOCK_KEY = 0x62635F6F7574  # 0002's OUTBOX_LOCK_KEY ("bc_out"), retired from app/
+
+
+def _load() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+async def _seed(db: Database, pools: int) -> tuple[Principal, list[str]]:
+    await create_tenant(db, "acme")
+    site = await create_site(db, "acme", "custom", "eu-west")
+    _, token = await create_caller(db, "acme", "admin")
+    principal = await authenticate(db, f"Bearer {token}")
+    capacity = Capacity(db)
+    ids = []
+    for _ in range(pools):
+        body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+        created = await capacity.create_pool(principal, parse_input(CreatePoolInput, body))
+        ids.append(created.pool.id)
+    return principal, ids
+
+
+def _update(pool_id: str, n: int) -> UpdatePoolInput:
+    model = "H100" if n % 2 else "A100"
+    return parse_input(UpdatePoolInput, {"tenantId": "acme", "poolId": pool_id, "gpuModel": model})
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, datetime):
+        return "'" + value.isoformat() + "'"
+    if isinstance(value, dict | list):
+        value = json.dumps(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+async def _capture(db: Database, principal: Principal, pool_id: str, times: int) -> list[str]:
+    """The statements of one update, literal, in order; checked against pg_stat_statements."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        seen.append((statement, parameters))
+
+    capacity = Capacity(db)
+    await capacity.update_pool(principal, _update(pool_id, 0))  # warm: caches, prepared
+    async with db.writer.connect() as conn:
+        await conn.execute(text("SELECT pg_stat_statements_reset()"))
+        await conn.commit()
+    event.listen(db.writer.sync_engine, "before_cursor_execute", record)
+    try:
+        for n in range(times):
+            mark = len(seen)
+            await capacity.update_pool(principal, _update(pool_id, n + 1))
+            if n == 0:
+                first = seen[mark:]
+    finally:
+        event.remove(db.writer.sync_engine, "before_cursor_execute", record)
+    async with db.writer.connect() as conn:
+        counted = {
+            _normal(q): c
+            for q, c in (
+                await conn.execute(
+                    text(
+                        "SELECT query, calls FROM pg_stat_statements"
+                        " WHERE dbid = (SELECT oid FROM pg_database"
+                        " WHERE datname = current_database())"
+                    )
+                )
+            ).all()
+        }
+    missing = [s for s, _ in first if counted.get(_normal(s), 0) < times]
+    if missing:
+        print(f"  not counted {times} times by pg_stat_statements: {missing}")
+    statements = []
+    for statement, parameters in first:
+        rendered = statement
+        values = list(parameters or ())
+        for i in range(len(values), 0, -1):  # $10 before $1
+            rendered = rendered.replace(f"${i}", _literal(values[i - 1]))
+        statements.append(" ".join(rendered.split()))
+    return statements
+
+
+def _normal(query: str) -> str:
+    return re.sub(r"\$\d+", "$", " ".join(query.split()))
+
+
+def _script(
+    statements: Sequence[str], pools: Sequence[str], variant: str, stamp: bool = False
+) -> str:
+    choose = "(ARRAY[" + ", ".join(f"'{p}'" for p in pools) + "]::text[])[:client_id + 1]"
+    lines = ["BEGIN;"]
+    for statement in statements:
+        s = statement.replace(f"'{pools[0]}'", choose)
+        if s.startswith("INSERT INTO event_audience"):
+            s = re.sub(
+                r"VALUES \((\d+)", "VALUES (currval(pg_get_serial_sequence('events', 'seq'))", s
+            )
+        if s.startswith("INSERT INTO events") and stamp:  # occurred_at: when it was written
+            s = re.sub(r"'[^']*'::TIMESTAMP WITH TIME ZONE", "clock_timestamp()", s, count=1)
+        if s.startswith("INSERT INTO events") and variant != "new":
+            s = re.sub(r"greatest\(pg_current_xact_id\(\)::text::bigint, \(SELECT .*?\)\)", "0", s)
+            if variant == "old":
+                lines.append(f"SELECT pg_advisory_xact_lock({OLD_LOCK_KEY});")
+        lines.append(s + ";")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
+async def _pgbench(url: str, script: str, clients: int, seconds: float) -> tuple[float, float]:
+    """(tps, fraction of active backends waiting on a lock)."""
+    parsed = make_url(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+    command = [
+        "pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-f", f.name,
+        "-h", parsed.host or "127.0.0.1", "-p", str(parsed.port or 5432),
+        "-U", parsed.username or "postgres", parsed.database or "",
+    ]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    waiting = active = 0
+    sampler = create_database(url, Settings(db_pool_size=1, db_max_overflow=0))
+    try:
+        async with sampler.reader.connect() as conn:
+            while process.returncode is None:
+                row = (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*)"
+                            " FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND state = 'active' AND pid <> pg_backend_pid()"
+                        )
+                    )
+                ).one()
+                await conn.rollback()
+                waiting, active = waiting + row[0], active + row[1]
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), 0.02)
+    finally:
+        await sampler.dispose()
+    out, err = await process.communicate()
+    os.unlink(f.name)
+    found = re.search(r"tps = ([\d.]+)", out.decode())
+    if found is None:
+        raise RuntimeError(f"pgbench failed: {err.decode()[-2000:]}")
+    return float(found.group(1)), (waiting / active if active else 0.0)
+
+
+class _AllOfThem:
+    async def load(self, executor: Any, events: Sequence[OutboxEvent]) -> _AllOfThem:
+        return self
+
+    def readable(self, event: OutboxEvent, subscription: Any) -> OutboxEvent:
+        return event
+
+
+class _Owner:
+    tenants = ("acme",)
+    pool_id = None
+    types = None
+
+
+async def _delivery(
+    db: Database, principal: Principal, pools: Sequence[str], seconds: float
+) -> tuple[list[float], int]:
+    relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=2.0)  # type: ignore[arg-type]
+    committed: dict[Position, float] = {}
+
+    async def notify(position: Position) -> None:
+        committed[position] = time.time()
+        relay.wake(position)
+
+    capacity = Capacity(db, notify)
+    await relay.start()
+    received: dict[Position, float] = {}
+    subscription = await relay.open(_Owner(), None)  # type: ignore[arg-type]
+
+    async def read() -> None:
+        async for item in subscription.stream():
+            received[item.position] = time.time()
+
+    reader = asyncio.create_task(read())
+    stop = time.monotonic() + seconds
+
+    async def writer(pool_id: str) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            await capacity.update_pool(principal, _update(pool_id, n))
+
+    await asyncio.gather(*(writer(p) for p in pools))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not set(committed) <= set(received):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    await relay.stop()
+    latencies = [(received[p] - at) * 1000 for p, at in committed.items() if p in received]
+    return latencies, len(committed) - len(latencies)
+
+
+async def _delivery_from_pgbench(
+    db: Database, url: str, script: str, clients: int, seconds: float
+) -> tuple[list[float], float]:
+    """The service's statements from `clients` pgbench writers; the real relay in this
+    process, its poll at 5 ms standing in for the wake-up a service commit would send;
+    latency = receipt - the event's occurred_at (clock_timestamp() in its INSERT, right
+    before COMMIT)."""
+    relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=0.005)  # type: ignore[arg-type]
+    await relay.start()
+    latencies: list[float] = []
+    subscription = await relay.open(_Owner(), None)  # type: ignore[arg-type]
+
+    async def read() -> None:
+        async for item in subscription.stream():
+            latencies.append((time.time() - item.occurred_at.timestamp()) * 1000)
+
+    reader = asyncio.create_task(read())
+    tps, _ = await _pgbench(url, script, clients, seconds)
+    await asyncio.sleep(1.0)  # the last commits' events
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    await relay.stop()
+    return latencies, tps
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def main(seconds: float, clients: int) -> None:
+    print(f"outbox_contention: {clients} clients, {seconds:g} s rounds, load {_load()}")
+    async with bench_database() as url:
+        db = create_database(url, Settings(db_pool_size=clients + 4, db_max_overflow=8))
+        try:
+            async with db.writer.connect() as conn:
+                await conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+                await conn.commit()
+            principal, pools = await _seed(db, clients)
+            statements = await _capture(db, principal, pools[0], 5)
+            print(f"  one update issues {len(statements)} statements (+ BEGIN/COMMIT):")
+            for s in statements:
+                print(f"    {s[:150]}")
+            results = {}
+            for variant in ("bare", "new", "old", "new", "bare"):
+                tps, waiting = await _pgbench(
+                    url, _script(statements, pools, variant), clients, seconds
+                )
+                results.setdefault(variant, []).append((tps, waiting))
+                print(
+                    f"  pgbench {variant:>4}: {tps:8.1f} tps, lock waits {waiting:6.1%}"
+                    f" of active backends (load {_load()})"
+                )
+            best = {v: max(t for t, _ in r) for v, r in results.items()}
+            print(
+                f"  new/bare = {best['new'] / best['bare']:.2f} (target >= 0.7),"
+                f" old/bare = {best['old'] / best['bare']:.2f};"
+                f" lock waits new {max(w for _, w in results['new']):.1%} (target <= 10%)"
+            )
+            stamped = _script(statements, pools, "new", stamp=True)
+            piped, tps = await _delivery_from_pgbench(db, url, stamped, clients, seconds)
+            print(
+                f"  commit-to-delivery, {clients} pgbench writers ({tps:.0f} tps) through the"
+                f" relay: {len(piped)} events, p50 {_pct(piped, 0.5):.1f} ms,"
+                f" p99 {_pct(piped, 0.99):.1f} ms (target < 50),"
+                f" max {max(piped, default=float('nan')):.1f} ms; load {_load()}"
+            )
+            latencies, lost = await _delivery(db, principal, pools, seconds)
+            print(
+                f"  commit-to-delivery, {clients} in-process writers (the domain's update,"
+                " this process's event loop shared with the relay) through the relay:"
+                f" {len(latencies)} events, p50 {_pct(latencies, 0.5):.1f} ms,"
+                f" p99 {_pct(latencies, 0.99):.1f} ms (target < 50),"
+                f" max {max(latencies, default=float('nan')):.1f} ms,"
+                f" mean {statistics.fmean(latencies) if latencies else float('nan'):.1f} ms,"
+                f" undelivered {lost}; load {_load()}"
+            )
+        finally:
+            await db.dispose()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=32)
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.seconds, arguments.clients))
