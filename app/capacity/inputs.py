@@ -183,7 +183,7 @@ class LabelPoolInput(MethodInput):
     model_config = ConfigDict(
         json_schema_extra={
             "anyOf": [
-                {"required": ["displayName"]},
+                {"required": ["displayName"], "properties": {"displayName": {"type": "string"}}},
                 {"required": ["labels"], "properties": {"labels": {"type": "object"}}},
             ]
         }
