@@ -322,7 +322,7 @@ class CompiledReads:
             if not isinstance(result, VariableValues):
                 return None
             full, coerced = result, result.coerced
-        key = tuple(_hashable(coerced.get(n)) for n in plan.directive_variables)
+        key = tuple(hashable(coerced.get(n)) for n in plan.directive_variables)
         if key in plan.shapes:
             built = plan.shapes[key]
         else:
@@ -343,11 +343,28 @@ class CompiledReads:
             return None
         return Prepared(built.read, built.args(coerced), cost)
 
+    # --- for schema/compiled_writes.py, whose plans these are too ----------------------
+
+    def cost(self, plan: Plan, raw: dict[str, Any]) -> int | None:
+        return self._cost(plan, raw)
+
+    def collect(
+        self, plan: Plan, selection_sets: Sequence[SelectionSetNode], variables: VariableValues
+    ) -> dict[str, list[FieldNode]]:
+        return self._collect(plan, selection_sets, variables)
+
+    def keep(self, plan: Plan, key: tuple[Any, ...], shape: object) -> None:
+        """Keep `shape` on the plan under `key`, counted in the cache's bytes, while the
+        plan holds fewer than its most shapes."""
+        if len(plan.shapes) < _MAX_SHAPES_PER_PLAN:
+            plan.shapes[key] = shape  # type: ignore[assignment]
+            self._kept(plan, held(key) + held(shape))
+
     def _cost(self, plan: Plan, raw: dict[str, Any]) -> int | None:
         """schema/limits.py's estimate (None: over the budget), kept per value of the
         variables it reads."""
         if plan.cost_variables is not None:
-            key = tuple(_hashable(raw.get(n)) for n in plan.cost_variables)
+            key = tuple(hashable(raw.get(n)) for n in plan.cost_variables)
             if key in plan.costs:
                 return plan.costs[key]
         recording = _Recording(raw)
@@ -358,7 +375,7 @@ class CompiledReads:
         if plan.cost_variables is None:
             plan.cost_variables = tuple(recording.read)
         if len(plan.costs) < _MAX_SHAPES_PER_PLAN:
-            key = tuple(_hashable(raw.get(n)) for n in plan.cost_variables)
+            key = tuple(hashable(raw.get(n)) for n in plan.cost_variables)
             plan.costs[key] = cost
             self._kept(plan, held(key) + held(cost))
         return cost
@@ -604,5 +621,5 @@ def held(value: object) -> int:
     return total
 
 
-def _hashable(value: Any) -> Any:
+def hashable(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool | None) else repr(value)

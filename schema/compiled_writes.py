@@ -46,7 +46,7 @@ from app.capacity.service import Capacity
 from app.capacity.views import ReservationView
 from app.compat import graphql_core_schema
 from app.iam.principal import Principal
-from schema.compiled_reads import CompiledReads, Plan, Unplanned, _hashable, held
+from schema.compiled_reads import CompiledReads, Plan, Unplanned, hashable
 from schema.executor import _plan_for
 from schema.types.payloads import ReservationPayload
 from schema.types.reservation import Reservation
@@ -113,7 +113,7 @@ class CompiledWrites:
         inp = self._input(shape, coerced)
         if inp is None:
             return None
-        cost = self._reads._cost(plan, raw)
+        cost = self._reads.cost(plan, raw)
         if cost is None:
             return None
         try:
@@ -150,22 +150,20 @@ class CompiledWrites:
         return inp
 
     def _shape(self, plan: Plan, variables: VariableValues) -> WriteShape | None:
-        key = ("write", *(_hashable(variables.coerced.get(n)) for n in plan.directive_variables))
+        key = ("write", *(hashable(variables.coerced.get(n)) for n in plan.directive_variables))
         if key in plan.shapes:
             return plan.shapes[key]  # type: ignore[return-value]
         try:
             shape: WriteShape | None = self._build(plan, variables)
         except Unplanned:
             shape = None
-        if len(plan.shapes) < 16:
-            plan.shapes[key] = shape  # type: ignore[assignment]
-            self._reads._kept(plan, held(key) + held(shape))
+        self._reads.keep(plan, key, shape)
         return shape
 
     def _build(self, plan: Plan, variables: VariableValues) -> WriteShape:
         mutation = self._schema.mutation_type
         assert mutation is not None
-        selected = self._reads._collect(plan, [plan.operation.selection_set], variables)
+        selected = self._reads.collect(plan, [plan.operation.selection_set], variables)
         root: list[tuple[str, str | None]] = []
         write: tuple[str, list[FieldNode]] | None = None
         for key, nodes in selected.items():
@@ -200,7 +198,7 @@ class CompiledWrites:
         variables: VariableValues,
     ) -> tuple[_Render, ...]:
         below = [n.selection_set for n in nodes if n.selection_set]
-        selected = self._reads._collect(plan, below, variables)
+        selected = self._reads.collect(plan, below, variables)
         found: list[_Render] = []
         for key, inner in selected.items():
             name = inner[0].name.value

@@ -295,7 +295,6 @@ class GraphQLView(GraphQL[Context, None]):
             info.graphql_operation(name)
         cost = min(cost, MAX_REPORTED_COST)
         operation_cost(context, cost)
-        # What process_result and create_response make of an answer without errors.
         answer: dict[str, Any] = {"data": data}
         if info is not None:
             answer["extensions"] = {"cost": cost}

@@ -160,7 +160,7 @@ async def test_bookings_match_the_plain_path_byte_for_byte(
     assert (await s.capacity(pool))["gpu"]["booked"] == 0
 
     # Refusals: the plain path answers each, with its bytes; twice (a remembered caller).
-    revoked = await s.fleet.caller("beta", "operator")
+    revoked = [await s.fleet.caller("beta", "operator") for _ in range(3)]
     refusals: list[tuple[str, dict[str, Any]]] = [
         (beta, booking(gpu=7)),  # quota
         (beta, booking(nvme=1)),  # capacity: no nvme in the rollup
@@ -184,10 +184,14 @@ async def test_bookings_match_the_plain_path_byte_for_byte(
         ),
         (beta, {}),  # a variable missing
         ("not-a-token", booking(gpu=1)),
-        (revoked, booking(gpu=7)),  # revoked below once remembered: told first
+        # Revoked once remembered: UNAUTHENTICATED is told before any other fault.
+        (revoked[0], booking(gpu=7)),
+        (revoked[1], {}),
+        (revoked[2], {"input": {"tenantId": "beta", "poolId": pool, "resources": "gpu"}}),
     ]
-    assert (await _post(api, revoked, BOOK, booking(gpu=1))).status_code == 200  # remembered
-    assert await revoke_token(db, revoked) is True
+    for token in revoked:
+        assert (await _post(api, token, BOOK, booking(gpu=1))).status_code == 200
+        assert await revoke_token(db, token) is True
     for media in (None, "application/graphql-response+json"):
         for token, variables in refusals:
             for _ in range(2):
@@ -198,4 +202,4 @@ async def test_bookings_match_the_plain_path_byte_for_byte(
     missing = {"input": {"tenantId": "beta", "reservationId": "rsv_" + "0" * 26}}
     fast = await _post(api, beta, RELEASE, missing)
     assert _answer(fast) == _answer(await _post(plain_api, beta, RELEASE, missing))
-    assert (await s.capacity(pool))["gpu"]["booked"] == 1  # the revoked caller's first
+    assert (await s.capacity(pool))["gpu"]["booked"] == 3  # the revoked callers' first

@@ -1,6 +1,6 @@
 """Round trips per write: a booking and a release each send a constant number of
 statements, whatever the lineage's offers and the resources booked (as
-tests/graphql/test_statements.py counts them per read)."""
+tests/graphql/test_statements.py counts them per read), over REST and GraphQL."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.events.support import settle
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
+GRAPHQL = ("graphql booking", "graphql release")
 DEPTH = 20  # tenants in the deep lineage, each ancestor holding an offer of the pool
 
 
@@ -43,9 +44,15 @@ async def api(app: Starlette) -> AsyncIterator[Api]:
         yield Api(client)
 
 
-def _rest_statements() -> float:
-    found = REGISTRY.get_sample_value("bettercompute_db_statements_total", {"transport": "rest"})
+def _statements(transport: str = "rest") -> float:
+    found = REGISTRY.get_sample_value("bettercompute_db_statements_total", {"transport": transport})
     return found or 0.0
+
+
+BOOK = """mutation($input: CreateReservationInput!) { createReservation(input: $input) {
+  reservation { id poolId tenantId resources { resource amount } state createdAt endedAt } } }"""
+RELEASE = """mutation($input: ReleaseReservationInput!) { releaseReservation(input: $input) {
+  reservation { id state endedAt } } }"""
 
 
 async def test_writes_take_a_constant_number_of_statements(
@@ -79,9 +86,15 @@ async def test_writes_take_a_constant_number_of_statements(
     await settle(app)
 
     async def counted(path: str, token: str, body: dict[str, object]) -> tuple[int, object]:
-        before = _rest_statements()
+        before = _statements()
         response = await api.post(token, path, body)
-        return int(_rest_statements() - before), response.json()
+        return int(_statements() - before), response.json()
+
+    async def graphql(token: str, query: str, given: dict[str, object]) -> tuple[int, object]:
+        before = _statements("graphql")
+        answer = await api.graphql(token, query, {"input": given})
+        assert "errors" not in answer, answer
+        return int(_statements("graphql") - before), answer["data"]
 
     counts: dict[str, int] = {}
     for name, (token, tenant) in callers.items():
@@ -107,9 +120,19 @@ async def test_writes_take_a_constant_number_of_statements(
             body["resources"] = dict.fromkeys(booked_resources, 1000)  # past the quota
             counts[f"refused, {label}"], refused = await counted("reservations/create", token, body)
             assert refused["error"]["code"] == "RESOURCE_EXHAUSTED", refused  # type: ignore[index]
+            # The same over GraphQL, each text run once first (it is planned after a run).
+            given = {**body, "resources": [{"resource": r, "amount": 1} for r in booked_resources]}
+            _, first = await graphql(token, BOOK, given)
+            first_id = first["createReservation"]["reservation"]["id"]  # type: ignore[index]
+            await graphql(token, RELEASE, {"tenantId": tenant, "reservationId": first_id})
+            counts[f"graphql booking, {label}"], made = await graphql(token, BOOK, given)
+            made_id = made["createReservation"]["reservation"]["id"]  # type: ignore[index]
+            counts[f"graphql release, {label}"], _ = await graphql(
+                token, RELEASE, {"tenantId": tenant, "reservationId": made_id}
+            )
     print(f"statements per write ({capacity.db.dialect}): {counts}")
     fast = capacity.compiles_reads and app.state.settings.fast_path
-    for kind in ("booking", "release", "release again", "refused"):
+    for kind in ("booking", "release", "release again", "refused", *GRAPHQL):
         found = {k: v for k, v in counts.items() if k.startswith(kind + ",")}
         # Constant in the lineage's offers; in the resources too on the fast path (the
         # plain path, SQLite's, sends one guarded UPDATE per row).
@@ -119,3 +142,6 @@ async def test_writes_take_a_constant_number_of_statements(
         # The one statement; behind PgBouncer, in a transaction with its SET LOCAL.
         one = 1 if capacity.db.direct is not None else 2
         assert counts[f"booking, 1 resources, {DEPTH} offers"] == one, counts
+        # GraphQL too (schema/compiled_writes.py): the caller is not looked up.
+        for kind in GRAPHQL:
+            assert counts[f"{kind}, 5 resources, {DEPTH} offers"] == one, counts
