@@ -276,7 +276,21 @@ LENDING = _row(
     "lending",
     authorization=f"{roles.POOLS_SHARE} @ compute-tenant + items",
 )
-EXTENSION_METHODS: tuple[Method, ...] = (EXPLAIN_ACCESS, LENDING)
+# Names and labels (CONTRACT section 10), GCE's setLabels.
+LABEL_POOL = _row(
+    "pools",
+    "label",
+    "mutation",
+    roles.POOLS_MANAGE,
+    "compute-pool",
+    "extension",
+    "Sets the display name, the labels (the whole map), or both, of a pool the tenant "
+    "owns, and returns the pool; a change increments its version.",
+    inputs.LabelPoolInput,
+    lambda c, p, i: c.label_pool(p, i),
+    "pool",
+)
+EXTENSION_METHODS: tuple[Method, ...] = (EXPLAIN_ACCESS, LENDING, LABEL_POOL)
 
 METHODS: tuple[Method, ...] = POOL_METHODS + RESERVATION_METHODS + EXTENSION_METHODS
 _BY_PATH = {m.path: m for m in METHODS}

@@ -21,6 +21,7 @@ from schema.types.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
     CreateReservationInput,
+    LabelPoolInput,
     OfferPoolInput,
     ReleaseReservationInput,
     UnofferPoolInput,
@@ -70,6 +71,10 @@ UpdatePoolArgument = Annotated[
     strawberry.argument(
         description="The seed's `update` input: the pool, and a new policy, GPU model or both."
     ),
+]
+LabelPoolArgument = Annotated[
+    LabelPoolInput,
+    strawberry.argument(description="The pool, and its new display name, labels or both."),
 ]
 ArchivePoolArgument = Annotated[
     ArchivePoolInput,
@@ -149,6 +154,15 @@ class Mutation:
     )
     async def update_pool(self, info: Info, input: UpdatePoolArgument) -> PoolPayload:
         detail = await _call(info, "pools", "update", input)
+        return await _pool_payload(info, input.tenant_id, detail)
+
+    @strawberry.mutation(
+        description="Names and labels (CONTRACT section 10, GCE's setLabels): sets the "
+        "display name, the labels (the whole map) or both of a pool the tenant owns. A "
+        "change increments the version and emits pool.updated with its changes."
+    )
+    async def label_pool(self, info: Info, input: LabelPoolArgument) -> PoolPayload:
+        detail = await _call(info, "pools", "label", input)
         return await _pool_payload(info, input.tenant_id, detail)
 
     @strawberry.mutation(

@@ -60,10 +60,21 @@ class Query:
         after: Annotated[
             str | None, strawberry.argument(description="The endCursor of the previous page.")
         ] = None,
+        label_selector: Annotated[
+            str | None,
+            strawberry.argument(
+                description="Only the pools whose labels match: Kubernetes' syntax, "
+                "requirements joined by commas (`a=b`, `a==b`, `a!=b`, `a in (x,y)`, "
+                "`a notin (x)`, `a`, `!a`); a malformed one is INVALID_INPUT."
+            ),
+        ] = None,
     ) -> PoolConnection:
         ctx = info.context
         principal = await ctx.principal()
-        inp = parse_input(ListPoolsInput, {"tenantId": tenant_id})
+        given = {"tenantId": tenant_id}
+        if label_selector is not None:
+            given["labelSelector"] = label_selector
+        inp = parse_input(ListPoolsInput, given)
         request = pools_page_request(first, after)
         selected = selected_below(info, ("nodes",), ("edges", "node"))
         page = await ctx.capacity.list_pools(

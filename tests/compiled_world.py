@@ -87,8 +87,19 @@ async def world(pair: Pair, fleet: Fleet) -> World:
     }
     admin = tokens["acme-admin"]
     specs = [
-        {"gpuModel": "H100", "sharing": "mig", "ownerQuota": {"gpu": 8, "gpu.mig": 56}},
-        {"gpuModel": "A100", "class": "vps-host", "ownerQuota": {"gpu": 4}},
+        {
+            "gpuModel": "H100",
+            "sharing": "mig",
+            "ownerQuota": {"gpu": 8, "gpu.mig": 56},
+            "displayName": "Training H100s",
+            "labels": {"team": "ml", "example.com/tier": "gold"},
+        },
+        {
+            "gpuModel": "A100",
+            "class": "vps-host",
+            "ownerQuota": {"gpu": 4},
+            "labels": {"team": "web", "env": ""},
+        },
         {"policy": {"kubernetes": JOIN_SET}, "gpuModel": "L4"},
         {"sharing": "timeslice", "ownerQuota": {"gpu.slot": 16}},
         {"gpuModel": "H100"},

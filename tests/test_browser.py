@@ -466,7 +466,7 @@ def test_console_shows_the_pools_and_the_diff_of_a_rest_update_live(
     open_console(page, base, token, "acme")
     card = page.locator(f"#pools .pool[data-pool-id='{pool_id}']")
     assert page.locator("#pools .pool").count() == len(console.seeded["pools"])
-    # No displayName in the schema yet (issue 23): the pool is shown by its id.
+    # The demo's pools have no displayName: the pool is shown by its id.
     assert card.locator(".name").inner_text() == pool_id
     before = rest(base, token, "pools/get", {"tenantId": "acme", "poolId": pool_id})["pool"]
     assert f"{before['gpuModel']} · eu-west" in card.locator(".facts").inner_text()
@@ -567,8 +567,8 @@ def test_console_applies_a_contract_shaped_usage_event_fed_in_the_page(
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.post_data or ""))
     open_console(page, base, token, "acme")
-    # The schema has no displayName yet: the page never asks for it.
-    assert requests and not any("displayName" in body for body in requests)
+    # The schema has displayName (issue 23): the page asks for it.
+    assert any("displayName" in body for body in requests)
     pool = rest(base, token, "pools/get", {"tenantId": "acme", "poolId": pool_id})["pool"]
     (guest,) = [o for o in pool["offers"] if o["tenantId"] == "globex"]
     (row,) = guest["quotas"]
@@ -795,3 +795,29 @@ def test_console_shows_a_clear_error_state_for_a_bad_token_and_a_service_down(
     page.wait_for_selector("#pools[data-loaded='true']", state="attached", timeout=10_000)
     assert page.locator("#pools .pool").count() == len(console.seeded["pools"])
     assert error.is_hidden()
+
+
+def test_console_shows_a_name_given_through_rest_live_and_after_a_reload(
+    console: Demo, browser: Any
+) -> None:
+    """`pools/label` (issue 23's names): the card follows the pool.updated's /displayName
+    change live, and a reload reads the name; removing it shows the id again."""
+    base, token, pool_id = console.base, console.token("acme-admin"), console.pool("l40s-mps")
+    page, _ = offline_page(browser, base)
+    open_console(page, base, token, "acme")
+    card = page.locator(f"#pools .pool[data-pool-id='{pool_id}']")
+    assert card.locator(".name").inner_text() == pool_id
+    body = {"tenantId": "acme", "poolId": pool_id, "displayName": "Inference L40S"}
+    try:
+        rest(base, token, "pools/label", {**body, "labels": {"team": "ml"}})
+        page.wait_for_function(
+            "([id, name]) => document.querySelector("
+            "`#pools .pool[data-pool-id='${id}'] .name`)?.innerText === name",
+            arg=[pool_id, "Inference L40S"],
+            timeout=5_000,
+        )
+        page.reload()
+        page.wait_for_selector("#pools[data-loaded='true']", state="attached", timeout=15_000)
+        assert card.locator(".name").inner_text() == "Inference L40S"
+    finally:
+        rest(base, token, "pools/label", {**body, "displayName": "", "labels": {}})

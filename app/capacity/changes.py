@@ -2,7 +2,8 @@
 {path, before, after}, so a live client patches what it holds instead of refetching.
 
 Paths are JSON Pointers (RFC 6901) into the pool as the owner reads it: `/gpuModel`,
-`/policy/<key>`, `/offers/<tenantId>` (a whole offer added or removed), and
+`/policy/<key>`, `/displayName`, `/labels/<key>` (a label key's `/` escaped as `~1`),
+`/offers/<tenantId>` (a whole offer added or removed), and
 `/offers/<tenantId>/includeDescendants`, `/offers/<tenantId>/priority`,
 `/offers/<tenantId>/quota/<resource>` (a row's max). Tenant ids and resource keys hold
 neither `/` nor `~`, so they need no escaping. Policies are compared as read
@@ -30,6 +31,22 @@ def policy_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
         change(f"/policy/{key}", old.get(key), new.get(key))
         for key in sorted(set(old) | set(new))
         if old.get(key) != new.get(key)
+    ]
+
+
+def pointer_token(key: str) -> str:
+    """A JSON Pointer's reference token for `key` (RFC 6901: `~` as `~0`, `/` as `~1`):
+    a label key may hold a `/`."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def label_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[Change]:
+    """One change per label added (before null), removed (after null) or changed, at
+    `/labels/<key>`, in key order."""
+    return [
+        change(f"/labels/{pointer_token(key)}", before.get(key), after.get(key))
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
     ]
 
 

@@ -49,6 +49,7 @@ Kind = Literal[
     "json",  # a JSON object (GraphQL JSON)
     "enum",  # a GraphQL enum; REST shows the stored strings (`values`)
     "amounts",  # {resource: amount}: REST a JSON object, GraphQL a list of ResourceAmount
+    "labels",  # {key: value} of strings: REST a JSON object of strings, GraphQL JSON
 ]
 
 
@@ -241,6 +242,10 @@ POOL = Table(
             _c(Pool, "provider_account_id"),
         ),
         Value("region", "region", "region", "string", column=_c(Pool, "region")),
+        Value(
+            "display_name", "displayName", "displayName", "string", True, _c(Pool, "display_name")
+        ),
+        Value("labels", "labels", "labels", "labels", column=_c(Pool, "labels")),
         Value("owned", "owned", "owned", "bool", column=_c(Pool, "tenant_id") == ACTING_TENANT),
         Value("archived", "archived", "archived", "bool", column=_c(Pool, "archived")),
         Value("version", "version", "version", "int", column=_c(Pool, "version")),

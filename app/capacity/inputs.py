@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -14,6 +15,15 @@ from pydantic import (
 )
 
 from app.capacity.bounds import MAX_RESOURCES
+from app.capacity.labels import (
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_DISPLAY_NAME,
+    MAX_KEY_LENGTH,
+    MAX_LABELS,
+    MAX_SELECTOR_LENGTH,
+    check_label_key,
+)
 from app.errors import InvalidInput
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
@@ -54,6 +64,20 @@ QuotaMap = Annotated[
     dict[ResourceName, Amount], Field(max_length=MAX_RESOURCES), _ONLY_RESOURCE_KEYS
 ]
 
+# Names and labels (CONTRACT section 10): Kubernetes' syntax, app/capacity/labels.py.
+DisplayName = Annotated[str, StringConstraints(max_length=MAX_DISPLAY_NAME)]
+LabelKey = Annotated[
+    str,
+    StringConstraints(max_length=MAX_KEY_LENGTH, pattern=LABEL_KEY_PATTERN),
+    AfterValidator(check_label_key),
+]
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[
+    dict[LabelKey, LabelValue],
+    Field(max_length=MAX_LABELS, json_schema_extra={"additionalProperties": False}),
+]
+LabelSelector = Annotated[str, StringConstraints(max_length=MAX_SELECTOR_LENGTH)]
+
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
 Agent = Literal["bcd", "none"]
@@ -71,6 +95,8 @@ class MethodInput(BaseModel):
 
 class ListPoolsInput(MethodInput):
     tenant_id: TenantId = Field(alias="tenantId")
+    # Kubernetes' selector syntax, parsed by the domain (app/capacity/labels.py).
+    label_selector: LabelSelector | None = Field(default=None, alias="labelSelector")
 
 
 class GetPoolInput(MethodInput):
@@ -109,6 +135,8 @@ class CreatePoolInput(MethodInput):
     owner_quota: QuotaMap | None = Field(default=None, alias="ownerQuota")
     provider_account_id: ProviderAccountId | None = Field(default=None, alias="providerAccountId")
     idempotency_key: IdempotencyKey | None = Field(default=None, alias="idempotencyKey")
+    display_name: DisplayName | None = Field(default=None, alias="displayName")
+    labels: Labels | None = None
 
 
 class OfferPoolInput(MethodInput):
@@ -145,6 +173,26 @@ class UpdatePoolInput(MethodInput):
     pool_id: PoolId = Field(alias="poolId")
     policy: dict[str, Any] | None = None
     gpu_model: GpuModel | None = Field(default=None, alias="gpuModel")
+    version: ExpectedVersion | None = None
+
+
+class LabelPoolInput(MethodInput):
+    """Names and labels (CONTRACT section 10): `labels` replaces the map; `displayName` ""
+    removes the name. At least one of the two (the domain's rule: pools.label_pool)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["displayName"], "properties": {"displayName": {"type": "string"}}},
+                {"required": ["labels"], "properties": {"labels": {"type": "object"}}},
+            ]
+        }
+    )
+
+    tenant_id: TenantId = Field(alias="tenantId")
+    pool_id: PoolId = Field(alias="poolId")
+    display_name: DisplayName | None = Field(default=None, alias="displayName")
+    labels: Labels | None = None
     version: ExpectedVersion | None = None
 
 

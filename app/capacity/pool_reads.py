@@ -17,6 +17,7 @@ from app.capacity.access import (
     resolve_actor,
 )
 from app.capacity.inputs import CapacityInput, GetPoolInput, ListPoolsInput, ListQuotasInput
+from app.capacity.labels import Requirement, parse_selector
 from app.capacity.lending import lent_capacity
 from app.capacity.paging import Page, PageRequest
 from app.capacity.reads import (
@@ -110,12 +111,14 @@ def _readable(principal: Principal, views: Sequence[PoolView]) -> list[PoolView]
     return [v for v in views if allows_pool(principal, LIST_POOLS.permission, v.grant.attributes)]
 
 
-async def _page_of_pools(executor: Executor, actor: Actor, page: PageRequest) -> Page[PoolView]:
+async def _page_of_pools(
+    executor: Executor, actor: Actor, page: PageRequest, selector: tuple[Requirement, ...]
+) -> Page[PoolView]:
     scan = page.first + 1  # one more than asked tells whether a next page exists
     allowed: list[PoolView] = []
     after = page.after
     while len(allowed) < scan:
-        batch = await visible_pools(executor, actor, after=after, limit=scan)
+        batch = await visible_pools(executor, actor, after=after, limit=scan, selector=selector)
         allowed.extend(_readable(actor.principal, batch))
         if len(batch) < scan:
             break
@@ -135,12 +138,15 @@ async def list_pools(
     page: PageRequest | None = None,
 ) -> Page[PoolDetail]:
     """The seed's `list`: the tenant decision, then compute:pools:read per pool. Every
-    pool (REST), or one keyset page of them (GraphQL)."""
+    pool (REST), or one keyset page of them (GraphQL), those `labelSelector` selects."""
+    # A malformed selector is INVALID_INPUT before any decision, as any other bad input.
+    selector = parse_selector(inp.label_selector or "")
     actor = await resolve_actor(executor, principal, inp.tenant_id, LIST_POOLS)
     if page is None:
-        found = Page(_readable(principal, await visible_pools(executor, actor)), False, False)
+        pools = await visible_pools(executor, actor, selector=selector)
+        found = Page(_readable(principal, pools), False, False)
     else:
-        found = await _page_of_pools(executor, actor, page)
+        found = await _page_of_pools(executor, actor, page, selector)
     details = await read_parts(executor, principal, found.items, parts)
     return Page(details, found.has_next, found.has_previous)
 

@@ -9,12 +9,13 @@ from app.capacity.access import (
     lock_owned_pool,
     resolve_actor,
 )
-from app.capacity.changes import Change, change, policy_changes
+from app.capacity.changes import Change, change, label_changes, policy_changes
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
+    LabelPoolInput,
     UpdatePoolInput,
 )
 from app.capacity.offers import offers_on, withdraw_guest_offers
@@ -31,6 +32,7 @@ from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import (
     ARCHIVE_POOL,
     CREATE_POOL,
+    LABEL_POOL,
     UPDATE_POOL,
 )
 from app.db.models import (
@@ -130,6 +132,8 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         policy=policy,
         provider_account_id=inp.provider_account_id,
         region=site.region,
+        display_name=inp.display_name or None,
+        labels=dict(inp.labels or {}),
         archived=False,
         version=1,
         created_at=now,
@@ -155,6 +159,8 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
                 "class": inp.pool_class,
                 "sharing": inp.sharing,
                 "gpuModel": inp.gpu_model,
+                "displayName": pool.display_name,
+                "labels": pool.labels,
                 "version": 1,
             },
             audience=frozenset({actor.tenant_id}),
@@ -212,6 +218,53 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if moved_model:  # the same model leaves every authz row as it is
         await refresh_authz_rows(session, pool)
     await refresh_rollup(session, pool)
+    uow.emit(
+        PendingEvent(
+            type="pool.updated",
+            pool_id=pool.id,
+            tenant_id=actor.tenant_id,
+            data={"version": pool.version, "changed": changed, "changes": changes},
+            audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
+        )
+    )
+    return await pool_detail(session, actor, pool.id)
+
+
+# -- label ---------------------------------------------------------------------------------
+
+
+async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput) -> PoolDetail:
+    """Names and labels (CONTRACT section 10, GCE's setLabels): `labels` replaces the map,
+    `displayName` "" removes the name. A call that changes nothing moves no version and
+    emits nothing."""
+    if inp.display_name is None and inp.labels is None:
+        raise InvalidInput("give displayName, labels or both", field="displayName")
+    session = uow.session
+    actor = await resolve_actor(session, principal, inp.tenant_id, LABEL_POOL)
+    pool = await lock_owned_pool(session, actor, inp.pool_id, LABEL_POOL.permission)
+    check_version(pool, inp.version)
+    if pool.archived:
+        raise InvalidState(f"pool {pool.id} is archived", field="poolId")
+    changed: list[str] = []
+    changes: list[Change] = []
+    if inp.display_name is not None:
+        name = inp.display_name or None
+        if name != pool.display_name:
+            changes.append(change("/displayName", pool.display_name, name))
+            pool.display_name = name
+            changed.append("displayName")
+    if inp.labels is not None:
+        found = label_changes(pool.labels, inp.labels)
+        if found:
+            changes += found
+            pool.labels = dict(inp.labels)
+            changed.append("labels")
+    if not changes:
+        return await pool_detail(session, actor, pool.id)
+    pool.version += 1
+    pool.updated_at = utcnow()
+    await session.flush()
+    offers = await offers_on(session, pool.id)
     uow.emit(
         PendingEvent(
             type="pool.updated",

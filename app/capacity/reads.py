@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 
 from app.capacity.fields import OFFER, POOL, Value
+from app.capacity.labels import Requirement, selector_clause
 from app.capacity.policy import readable_policy
 from app.capacity.views import (
     CapacityView,
@@ -188,10 +189,18 @@ def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolVie
 
 
 async def visible_pools(
-    executor: Executor, actor: Actor, *, after: str | None = None, limit: int | None = None
+    executor: Executor,
+    actor: Actor,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+    selector: tuple[Requirement, ...] = (),
 ) -> list[PoolView]:
-    """Pools the actor sees, in id (creation) order, keyset-paged after `after`."""
+    """Pools the actor sees, in id (creation) order, keyset-paged after `after`, those
+    whose labels match `selector` (labels.selector_clause)."""
     query = _visible_pools_query(actor).order_by(Pool.id)
+    if selector:
+        query = query.where(selector_clause(selector, Pool.__table__.c.labels))
     if after is not None:
         query = query.where(Pool.id > after)
     if limit is not None:

@@ -35,6 +35,7 @@ from app.capacity.inputs import (
     CreateReservationInput,
     ExplainAccessInput,
     GetPoolInput,
+    LabelPoolInput,
     LendingInput,
     ListPoolsInput,
     ListQuotasInput,
@@ -257,6 +258,8 @@ class Capacity:
                 given = {k: v for k, v in args.items() if k not in ("first", "after")}
                 listed = parse_input(read.input, given)
                 assert isinstance(listed, ListPoolsInput)
+                if listed.label_selector is not None:
+                    return None  # the compiled page does not select by labels: plain path
                 page = pools_page_request(
                     args.get("first"),  # type: ignore[arg-type]
                     args.get("after"),  # type: ignore[arg-type]
@@ -293,6 +296,9 @@ class Capacity:
 
     async def update_pool(self, principal: Principal, inp: UpdatePoolInput) -> PoolDetail:
         return await self._write(lambda uow: pools.update_pool(uow, principal, inp), retry=False)
+
+    async def label_pool(self, principal: Principal, inp: LabelPoolInput) -> PoolDetail:
+        return await self._write(lambda uow: pools.label_pool(uow, principal, inp), retry=False)
 
     async def archive_pool(
         self, principal: Principal, inp: ArchivePoolInput

@@ -74,6 +74,8 @@ class PoolView:
     policy: dict[str, Any]  # readable: secrets shown as `<name>Set: true` (policy.readable_policy)
     provider_account_id: str | None
     region: str
+    display_name: str | None
+    labels: dict[str, str]
     owned: bool
     archived: bool
     version: int

@@ -132,6 +132,10 @@ class Pool(Base):
     policy: Mapped[dict[str, Any]] = mapped_column(default=dict)
     provider_account_id: Mapped[str | None] = mapped_column(ForeignKey("provider_accounts.id"))
     region: Mapped[str] = mapped_column(String(64))
+    # For people (CONTRACT section 10 "Names and labels"); a fleet file's `name` stays its
+    # handle (fleet_names). `labels`: {key: value}, Kubernetes' syntax (app/capacity/labels.py).
+    display_name: Mapped[str | None] = mapped_column(String(128))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     archived: Mapped[bool] = mapped_column(Boolean, default=False)
     version: Mapped[int] = mapped_column(default=1)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -22,6 +22,7 @@ from app.capacity import nodes, offers, pools
 from app.capacity.inputs import (
     ArchivePoolInput,
     CreatePoolInput,
+    LabelPoolInput,
     OfferPoolInput,
     UnofferPoolInput,
     UpdatePoolInput,
@@ -311,6 +312,7 @@ class _Apply:
                         field="archived",
                     )
                 fields = await self._update_pool(entry, pool)
+                fields += await self._label_pool(entry, pool)
                 fields += await self._owner_quota(entry, pool)
                 entry_item = {**item, "id": pool_id}
                 if fields:
@@ -345,6 +347,8 @@ class _Apply:
             "policy": entry.policy,  # a new pool has no token for a tokenSet marker to keep
             "ownerQuota": entry.quota,
             "providerAccountId": account_id,
+            "displayName": entry.display_name,
+            "labels": entry.labels,
         }
         created = await pools.create_pool(self.uow, OPERATOR, parse_input(CreatePoolInput, body))
         return created.pool.id
@@ -400,6 +404,23 @@ class _Apply:
             for name, value in (("policy", new_policy), ("gpuModel", new_model))
             if value is not None
         ]
+
+    async def _label_pool(self, entry: PoolEntry, pool: Pool) -> list[str]:
+        """The declared name and labels, through the `label` method; one left out is left
+        alone."""
+        body: dict[str, Any] = {}
+        if entry.display_name is not None and (entry.display_name or None) != pool.display_name:
+            body["displayName"] = entry.display_name
+        if entry.labels is not None and dict(entry.labels) != pool.labels:
+            body["labels"] = entry.labels
+        if not body:
+            return []
+        await pools.label_pool(
+            self.uow,
+            OPERATOR,
+            parse_input(LabelPoolInput, {"tenantId": entry.tenant, "poolId": pool.id, **body}),
+        )
+        return list(body)
 
     async def _quota_differs(self, pool_id: str, tenant_id: str, quota: dict[str, int]) -> bool:
         """Whether offering `quota` would change a row: a max below use is raised to it."""

@@ -118,6 +118,10 @@ async def export_fleet(db: Database) -> dict[str, Any]:
             "site": name(SITE, p.site_id),
             "class": p.pool_class,
         }
+        if p.display_name is not None:
+            pool["displayName"] = p.display_name
+        if p.labels:
+            pool["labels"] = dict(p.labels)
         if p.gpu_model is not None:
             pool["gpuModel"] = p.gpu_model
         pool["sharing"] = p.sharing

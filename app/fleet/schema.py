@@ -24,7 +24,9 @@ from pydantic_core import PydanticCustomError
 from app.capacity.inputs import (
     MAX_AMOUNT,
     Agent,
+    DisplayName,
     GpuModel,
+    Labels,
     PoolClass,
     ResourceName,
     Sharing,
@@ -105,6 +107,9 @@ class PoolEntry(Entry):
     agent: Agent | None = None
     provider_account: Name | None = Field(default=None, alias="providerAccount")
     policy: dict[str, Any] = Field(default_factory=dict)
+    # Left out: left alone (a name or labels set through the API stay); given: exact.
+    display_name: DisplayName | None = Field(default=None, alias="displayName")
+    labels: Labels | None = None
     quota: Quota | None = None  # the owner's rows; when left out, a new pool gets the default
     offers: list[OfferEntry] = Field(default_factory=list)
     nodes: list[NodeEntry] = Field(default_factory=list)  # one left out is left alone

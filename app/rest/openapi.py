@@ -30,6 +30,7 @@ _KINDS: dict[str, dict[str, Any]] = {
     "timestamp": {"type": "string", "format": "date-time"},
     "json": {"type": "object"},
     "amounts": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
 }
 
 
@@ -175,6 +176,8 @@ _RULES_BEYOND_THE_SCHEMA = {
     "pools.update": "the policy is checked against the pool's class and sharing and the "
     "site's kind (provision, sharing and tenancy validators)",
     "pools.unoffer": "toTenantId must not be the pool's owner",
+    "pools.list": "labelSelector is Kubernetes' selector syntax, at most 32 requirements of "
+    "keys and values in label syntax, at most 32 values in a set (app/capacity/labels.py)",
 }
 
 

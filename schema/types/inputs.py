@@ -15,6 +15,11 @@ from app.errors import InvalidInput
 from schema.scalars import Long
 from schema.types.enums import Agent, PoolClass, Sharing
 
+_NAME = "A name for people, at most 128 characters."
+_LABELS = (
+    "{key: value}, at most 32, in Kubernetes' label syntax: key [prefix/]name (name at "
+    "most 63 characters), value at most 63 characters."
+)
 _TENANT = "The tenant the caller acts for; at most 128 characters of [A-Za-z0-9._:-]."
 _POOL = "The pool, `pool_<ulid>`."
 _KEY = "Makes the call idempotent: a retry with the same key returns the first result."
@@ -109,6 +114,8 @@ class CreatePoolInput:
         description="Required for PROVIDER pools (an account the tenant owns), refused otherwise.",
     )
     idempotency_key: str | None = strawberry.field(default=strawberry.UNSET, description=_KEY)
+    display_name: str | None = strawberry.field(default=strawberry.UNSET, description=_NAME)
+    labels: JSON | None = strawberry.field(default=strawberry.UNSET, description=_LABELS)
 
     def to_seed(self) -> dict[str, Any]:
         return _seed(self, {"ownerQuota": "max"})
@@ -159,6 +166,24 @@ class UpdatePoolInput:
     )
     gpu_model: str | None = strawberry.field(
         default=strawberry.UNSET, description="The new GPU model."
+    )
+    version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
+
+    def to_seed(self) -> dict[str, Any]:
+        return _seed(self)
+
+
+@strawberry.input(
+    description="Names and labels (CONTRACT section 10): displayName, labels or both."
+)
+class LabelPoolInput:
+    tenant_id: str = strawberry.field(description=_TENANT + " It must own the pool.")
+    pool_id: strawberry.ID = strawberry.field(description=_POOL)
+    display_name: str | None = strawberry.field(
+        default=strawberry.UNSET, description=_NAME + ' "" removes the name.'
+    )
+    labels: JSON | None = strawberry.field(
+        default=strawberry.UNSET, description=_LABELS + " Replaces the whole map."
     )
     version: int | None = strawberry.field(default=strawberry.UNSET, description=_VERSION)
 

@@ -56,14 +56,22 @@ class PoolFields:
         description="The provider account of a PROVIDER pool; null for other classes."
     )
     region: str = strawberry.field(description="The region of its site.")
+    display_name: str | None = strawberry.field(
+        description="Its name for people, at most 128 characters (a fleet file's `name` "
+        "stays the file's handle); null when it has none. Set on create or with labelPool."
+    )
+    labels: JSON = strawberry.field(
+        description="Its labels, {key: value} (at most 32, Kubernetes' key and value "
+        "syntax); `pools(labelSelector:)` selects by them. Set on create or with labelPool."
+    )
     owned: bool = strawberry.field(description="Whether the acting tenant owns it.")
     archived: bool = strawberry.field(
         description="Whether it is retired; only the owner sees an archived pool."
     )
     version: int = strawberry.field(
         description="Starts at 1; every write that changes what the pool shows (offer, "
-        "a removing unoffer, update, archive) adds 1. Pass it back as `version` on a write "
-        "to refuse the write if the pool has moved on."
+        "a removing unoffer, update, a changing labelPool, archive) adds 1. Pass it back "
+        "as `version` on a write to refuse the write if the pool has moved on."
     )
     created_at: datetime = strawberry.field(description="When it was created.")
     updated_at: datetime = strawberry.field(description="When it last changed.")
@@ -202,6 +210,8 @@ def _fields(
             None if view.provider_account_id is None else strawberry.ID(view.provider_account_id)
         ),
         region=view.region,
+        display_name=view.display_name,
+        labels=cast(JSON, view.labels),
         owned=view.owned,
         archived=view.archived,
         version=view.version,

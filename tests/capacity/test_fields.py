@@ -52,6 +52,8 @@ _SCALARS = {
     "DateTime": "timestamp",
     "JSON": "json",
 }
+# Kinds that GraphQL shows as another kind's scalar: a label map is JSON there.
+_GRAPHQL_KIND = {"labels": "json"}
 # GraphQL types whose fields are the same as a table's, and the fields they add.
 _SAME_FIELDS = {"OfferedPool": (POOL, {"poolId"})}
 
@@ -88,7 +90,7 @@ def disagreements(table: Table, graphql_type: GraphQLObjectType) -> list[str]:
             values = tuple(str(v.value) for v in named.values.values())
             if entry.kind != "enum" or entry.values != values:
                 found.append(f"{where}: enum {values}, the table {entry.kind} {entry.values}")
-        elif listed or _SCALARS.get(named.name) != entry.kind:
+        elif listed or _SCALARS.get(named.name) != _GRAPHQL_KIND.get(entry.kind, entry.kind):
             found.append(f"{where}: {kind} in GraphQL, {entry.kind} in the table")
     for entry in table.entries:
         if entry.compiled == bool(entry.uncompiled):

@@ -228,6 +228,8 @@ def _created_data(site: str, gpu_model: str = "H100") -> Json:
         "class": "metal-host",
         "sharing": "exclusive",
         "gpuModel": gpu_model,
+        "displayName": None,
+        "labels": {},
         "version": 1,
     }
 

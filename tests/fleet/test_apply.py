@@ -423,3 +423,34 @@ async def test_an_exported_fleet_keeps_its_capacity_in_a_new_database(
         assert await gpus(other) == await gpus(db) and 12 in await gpus(other)
     finally:
         await other.dispose()
+
+
+async def test_names_and_labels_round_trip_through_apply_and_export(db: Database) -> None:
+    """A file's displayName and labels are created, changed through `label` (pool.updated),
+    exported, and an exported file applies as a no-op; a file that leaves them out leaves
+    a name or labels set through the API alone."""
+    doc = document()
+    doc["pools"][0]["displayName"] = "Training H100s"
+    doc["pools"][0]["labels"] = {"team": "ml", "example.com/tier": "gold"}
+    await apply(db, doc)
+    async with db.reader.connect() as conn:
+        row = (await conn.execute(select(Pool).where(Pool.pool_class == "metal-host"))).one()
+    assert (row.display_name, row.labels) == ("Training H100s", doc["pools"][0]["labels"])
+
+    doc["pools"][0]["labels"] = {"team": "web"}
+    report = await apply(db, doc)
+    assert keys(report["changed"]) == [("pool", "h100", None, "update")]
+    assert report["changed"][0]["fields"] == ["labels"]
+    kind, data = (await events(db))[-1]
+    assert kind == "pool.updated" and data["changed"] == ["labels"]
+
+    exported = await export_fleet(db)
+    pool = next(p for p in exported["pools"] if p["name"] == "h100")
+    assert (pool["displayName"], pool["labels"]) == ("Training H100s", {"team": "web"})
+    spare = next(p for p in exported["pools"] if p["name"] == "spare")
+    assert "displayName" not in spare and "labels" not in spare
+    text = yaml.safe_dump(exported, sort_keys=False)
+    assert (await apply_fleet(db, read_fleet(text, "fleet.yaml")))["changes"] == 0
+
+    del doc["pools"][0]["displayName"], doc["pools"][0]["labels"]
+    assert (await apply(db, doc))["changes"] == 0  # left out: left alone

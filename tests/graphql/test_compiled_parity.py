@@ -38,6 +38,8 @@ POOL_VALUES = [
     "agent",
     "providerAccountId",
     "region",
+    "displayName",
+    "labels",
     "owned",
     "archived",
     "version",
@@ -65,7 +67,23 @@ ONE = """query One($tenantId: String!, $poolId: ID!) {
   pool(tenantId: $tenantId, poolId: $poolId) { id quotas { resource max used } } }"""
 
 # (query, variables by the callers' tenant; `$POOL` is replaced by a pool id)
+SELECTED = """query Selected($tenantId: String!, $selector: String, $first: Int) {
+  pools(tenantId: $tenantId, labelSelector: $selector, first: $first) {
+    pageInfo { hasNextPage endCursor } nodes { id displayName labels } } }"""
+
 HAND_WRITTEN: list[tuple[str, dict[str, Any]]] = [
+    # A label selector: the compiled page declines it, the plain path answers.
+    (SELECTED, {"selector": "team=ml"}),
+    (SELECTED, {"selector": "team in (ml, web), example.com/tier!=silver", "first": 1}),
+    (SELECTED, {"selector": "!team"}),
+    (SELECTED, {"selector": None}),
+    (SELECTED, {}),
+    (SELECTED, {"selector": "team in (ml"}),  # INVALID_INPUT
+    (
+        """query($t: String!) { pools(tenantId: $t, labelSelector: "env") {
+             nodes { id labels } } }""",
+        {},
+    ),
     (DASHBOARD, {"first": 100}),
     (DASHBOARD, {"first": 2}),
     (DASHBOARD, {"first": 0}),

@@ -15,6 +15,8 @@ from tests.support import Api
 POOL_KEYS = frozenset(
     {
         "id",
+        "displayName",
+        "labels",
         "tenantId",
         "siteId",
         "class",

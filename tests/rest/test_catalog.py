@@ -81,6 +81,10 @@ for _write in ("offer", "unoffer", "update", "archive"):
     SEED_INPUTS[_write]["version"] = VERSION
 for _write in ("unoffer", "archive"):
     SEED_INPUTS[_write]["dryRun"] = ("boolean", False, {"default": False})
+# Names and labels: given on create, a selector on list (`label` is a method of its own).
+SEED_INPUTS["create"]["displayName"] = ("string", False, {"maxLength": 128})
+SEED_INPUTS["create"]["labels"] = ("object", False, {"maxProperties": 32})
+SEED_INPUTS["list"]["labelSelector"] = ("string", False, {"maxLength": 4096})
 
 
 def _value_schema(prop: dict[str, Any]) -> dict[str, Any]:

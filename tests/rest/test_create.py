@@ -71,6 +71,8 @@ async def test_creates_pool_with_owner_quota_and_empty_rollup_at_version_1(
         "policy": {},
         "providerAccountId": None,
         "region": "eu-west",
+        "displayName": None,
+        "labels": {},
         "owned": True,
         "archived": False,
         "version": 1,
