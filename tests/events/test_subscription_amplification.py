@@ -326,7 +326,9 @@ async def test_a_reading_client_is_not_closed_while_the_fan_out_waits_for_its_re
                 # connection than its gate lets through, for longer than the stall timeout.
                 loop = asyncio.get_running_loop()
                 most = await waiting_on_locks(db)
+                started = loop.time()
                 while most == 0:
+                    assert loop.time() - started < WAIT_S, "no fan-out read waited on the lock"
                     await asyncio.sleep(0.05)
                     most = await waiting_on_locks(db)
                 deadline = loop.time() + 3 * STALL_S
