@@ -466,9 +466,9 @@ def test_console_shows_the_pools_and_the_diff_of_a_rest_update_live(
     open_console(page, base, token, "acme")
     card = page.locator(f"#pools .pool[data-pool-id='{pool_id}']")
     assert page.locator("#pools .pool").count() == len(console.seeded["pools"])
-    # The demo's pools have no displayName: the pool is shown by its id.
-    assert card.locator(".name").inner_text() == pool_id
     before = rest(base, token, "pools/get", {"tenantId": "acme", "poolId": pool_id})["pool"]
+    # The demo names its pools: the card shows the name, not the id.
+    assert before["displayName"] and card.locator(".name").inner_text() == before["displayName"]
     assert f"{before['gpuModel']} · eu-west" in card.locator(".facts").inner_text()
 
     update_gpu_model(base, token, pool_id, "H100-NVL")
@@ -806,18 +806,30 @@ def test_console_shows_a_name_given_through_rest_live_and_after_a_reload(
     page, _ = offline_page(browser, base)
     open_console(page, base, token, "acme")
     card = page.locator(f"#pools .pool[data-pool-id='{pool_id}']")
-    assert card.locator(".name").inner_text() == pool_id
+    demo = rest(base, token, "pools/get", {"tenantId": "acme", "poolId": pool_id})["pool"]
+    assert card.locator(".name").inner_text() == demo["displayName"]
     body = {"tenantId": "acme", "poolId": pool_id, "displayName": "Inference L40S"}
-    try:
-        rest(base, token, "pools/label", {**body, "labels": {"team": "ml"}})
+
+    def shown(name: str) -> None:
         page.wait_for_function(
             "([id, name]) => document.querySelector("
             "`#pools .pool[data-pool-id='${id}'] .name`)?.innerText === name",
-            arg=[pool_id, "Inference L40S"],
+            arg=[pool_id, name],
             timeout=5_000,
         )
+
+    try:
+        rest(base, token, "pools/label", {**body, "labels": {"team": "ml"}})
+        shown("Inference L40S")
         page.reload()
         page.wait_for_selector("#pools[data-loaded='true']", state="attached", timeout=15_000)
         assert card.locator(".name").inner_text() == "Inference L40S"
+        rest(base, token, "pools/label", {**body, "displayName": ""})
+        shown(pool_id)  # no name: the id
     finally:
-        rest(base, token, "pools/label", {**body, "displayName": "", "labels": {}})
+        rest(
+            base,
+            token,
+            "pools/label",
+            {**body, "displayName": demo["displayName"], "labels": demo["labels"]},
+        )
