@@ -268,6 +268,11 @@ class Relay(Generic[F]):
     def subscriptions(self) -> int:
         return len(self._subscriptions)
 
+    @property
+    def live_subscriptions(self) -> int:
+        """Subscriptions level with the relay (reading their mailbox, not the outbox)."""
+        return sum(1 for s in self._subscriptions if s.live)
+
     async def start(self) -> None:
         try:
             await self._ensure_cursor()

@@ -154,7 +154,8 @@ async def test_the_pool_an_event_shows_is_read_once_per_view(
                 for n in range(count):
                     await socket.start(str(n), WITH_POOL)
                     ids.append((socket, str(n)))
-            await wait_until(lambda: app.state.relay.subscriptions >= len(ids), WAIT_S)
+            # Live, not only attached: a subscription still replaying reads its own pools.
+            await wait_until(lambda: app.state.relay.live_subscriptions >= len(ids), WAIT_S)
             capacity: Capacity = app.state.capacity
             reads.clear()
             for n in range(3):
