@@ -13,6 +13,7 @@ OWN_QUOTA = QUOTA + " grant { tenantId includeDescendants priority offeredAt }"
 POOL_FIELDS = f"""
 fragment PoolFields on Pool {{
   id tenantId siteId class gpuModel sharing agent policy providerAccountId region
+  displayName labels
   owned archived version createdAt updatedAt
   quotas {{ {OWN_QUOTA} }}
   offers {{ tenantId includeDescendants priority quotas {{ {QUOTA} }} }}
