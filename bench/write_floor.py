@@ -428,20 +428,6 @@ async def release(request: Request) -> Response:
     return _answer(request, "release", values)
 
 
-async def release_graphql(request: Request) -> Response:
-    inp = json.loads(await request.body())["variables"]["input"]
-    row = await request.app.state.pool.fetchrow(RELEASE, inp["tenantId"], inp["reservationId"])
-    if row is None:
-        return _refused("no active reservation")
-    values = {
-        "ID": inp["reservationId"],
-        "POOL": row["pool_id"],
-        "CREATED": row["created_at"],
-        "ENDED": row["ended_at"],
-    }
-    return _answer(request, "release-graphql", values)
-
-
 async def create_pool(request: Request) -> Response:
     inp = json.loads(await request.body())
     tenant, key = inp["tenantId"], inp.get("idempotencyKey")
@@ -519,7 +505,6 @@ app = Starlette(
     routes=[
         Route("/book", book, methods=["POST"]),
         Route("/book-graphql", book_graphql, methods=["POST"]),
-        Route("/release-graphql", release_graphql, methods=["POST"]),
         Route("/release", release, methods=["POST"]),
         Route("/pools/create", create_pool, methods=["POST"]),
         Route("/pools/offer", offer, methods=["POST"]),

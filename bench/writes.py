@@ -86,10 +86,6 @@ PROVIDER, GUEST = "provider", "guest"
 GUEST_QUOTA = 10**12
 NODE_GPUS = 1024
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-RELEASING = (
-    "mutation Release($input: ReleaseReservationInput!) { releaseReservation(input: $input) "
-    "{ reservation { id poolId tenantId resources { resource amount } state createdAt endedAt } } }"
-)
 BOOKING = """mutation Book($input: CreateReservationInput!) {
   createReservation(input: $input) {
     reservation { id poolId tenantId resources { resource amount } state createdAt }
@@ -288,7 +284,6 @@ ROW_NAMES = (
     "booking, REST, one hot quota",
     "booking, GraphQL createReservation",
     "release, REST",
-    "release, GraphQL releaseReservation",
     "pool create",
     "pool offer (resize)",
     "pool update (gpuModel)",
@@ -336,16 +331,6 @@ def writes(seeded: Seeded) -> list[Write]:
             items=spread,
         ),
         Write("release, REST", release_path, "/release", release_body, consumes=True),
-        Write(
-            "release, GraphQL releaseReservation",
-            "/graphql",
-            "/release-graphql",
-            json.dumps(
-                {"query": RELEASING, "variables": {"input": {"tenantId": GUEST}}},
-                separators=(",", ":"),
-            ).replace('{"tenantId"', '{@ITEM@,"tenantId"'),
-            consumes=True,
-        ),
         Write("pool create", create_path, "/pools/create", create_body, items=create_items),
         Write("pool offer (resize)", *_pool_write("offer"), items=offer_items),
         Write("pool update (gpuModel)", *_pool_write("update"), items=update_items),
@@ -745,18 +730,6 @@ async def capture_templates(
         a["__text__"],
         {"ID": r["id"], "POOL": r["poolId"], "CREATED": r["createdAt"], "ENDED": r["endedAt"]},
     )
-    (rsv,) = await prepare_reservations(bench.conn, seeded.pools[1:2], 1)
-    a = await post(
-        "release-graphql",
-        by_name["release, GraphQL releaseReservation"],
-        _item(reservationId=rsv),
-        GUEST,
-    )
-    r = a["data"]["releaseReservation"]["reservation"]
-    found["release-graphql"] = template(
-        a["__text__"],
-        {"ID": r["id"], "POOL": r["poolId"], "CREATED": r["createdAt"], "ENDED": r["endedAt"]},
-    )
     for name, key, item in (
         ("create", "pool create", _item(siteId=seeded.site, **{"class": "metal-host"})),
         (
@@ -1029,16 +1002,14 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
         )
         print(f"pg_stat_statements.track_utility = {utility} (BEGIN/COMMIT counted when on)")
         results = []
-        only = os.environ.get("BENCH_ONLY", "")
-        chosen = [w for w in all_writes if not only or any(o in w.name for o in only.split("|"))]
-        for write in chosen:
+        for write in all_writes:
             results.append(await measure_write(bench, write, plan))
             print(f"  measured {write.name}", flush=True)
         print_results(results)
         stop_server(service)
         servers.remove(service)
         print("\nupdates/s by service processes (`serve --workers N`, Redis broadcast):")
-        for line in [] if only else await scale(url, bench, plan, logs):
+        for line in await scale(url, bench, plan, logs):
             print("  " + line, flush=True)
     except BaseException:
         for process in servers:  # their logs are complete once they stopped
