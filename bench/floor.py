@@ -71,6 +71,7 @@ SELECT json_build_object('pool', json_build_object(
   'id', p.id, 'tenantId', p.tenant_id, 'siteId', p.site_id, 'class', p.class,
   'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', p.policy,
   'providerAccountId', p.provider_account_id, 'region', p.region,
+  'displayName', p.display_name, 'labels', p.labels,
   'owned', p.tenant_id = $1, 'archived', p.archived, 'version', p.version,
   'quotas', COALESCE((SELECT json_agg(json_build_object(
       'resource', q.resource, 'max', q.max, 'used', q.used,
