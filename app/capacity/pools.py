@@ -218,15 +218,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if moved_model:  # the same model leaves every authz row as it is
         await refresh_authz_rows(session, pool)
     await refresh_rollup(session, pool)
-    uow.emit(
-        PendingEvent(
-            type="pool.updated",
-            pool_id=pool.id,
-            tenant_id=actor.tenant_id,
-            data={"version": pool.version, "changed": changed, "changes": changes},
-            audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
-        )
-    )
+    _emit_updated(uow, actor, pool, offers, changed, changes)
     return await pool_detail(session, actor, pool.id)
 
 
@@ -265,6 +257,19 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
     pool.updated_at = utcnow()
     await session.flush()
     offers = await offers_on(session, pool.id)
+    _emit_updated(uow, actor, pool, offers, changed, changes)
+    return await pool_detail(session, actor, pool.id)
+
+
+def _emit_updated(
+    uow: UnitOfWork,
+    actor: Actor,
+    pool: Pool,
+    offers: Any,
+    changed: Any,
+    changes: Any,
+) -> None:
+    """`pool.updated`, for the owner and every tenant offered the pool (update and label)."""
     uow.emit(
         PendingEvent(
             type="pool.updated",
@@ -274,7 +279,6 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
             audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
         )
     )
-    return await pool_detail(session, actor, pool.id)
 
 
 # -- archive -------------------------------------------------------------------------------
