@@ -319,6 +319,19 @@ QUOTA = Table(
     ),
 )
 
+# An offer's terms, shown on an Offer and on the Grant that quota rows carry.
+_OFFER_TERMS = (
+    Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Offer, "tenant_id")),
+    Value(
+        "include_descendants",
+        "includeDescendants",
+        "includeDescendants",
+        "bool",
+        column=_c(Offer, "include_descendants"),
+    ),
+    Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
+)
+
 # The offer that gives a quota row (on quota rows) or lets a tenant see a pool (`access`).
 GRANT = Table(
     "Grant",
@@ -335,15 +348,7 @@ GRANT = Table(
             rest_nullable=False,
             values=("owner", "offer", "ancestorOffer"),
         ),
-        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Offer, "tenant_id")),
-        Value(
-            "include_descendants",
-            "includeDescendants",
-            "includeDescendants",
-            "bool",
-            column=_c(Offer, "include_descendants"),
-        ),
-        Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
+        *_OFFER_TERMS,
         Value("offered_at", "offeredAt", "offeredAt", "timestamp", True, _c(Offer, "created_at")),
     ),
 )
@@ -415,15 +420,7 @@ OFFER = Table(
             "id",
             uncompiled="the node id, offer_node_id(pool, tenant): not compiled yet",
         ),
-        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Offer, "tenant_id")),
-        Value(
-            "include_descendants",
-            "includeDescendants",
-            "includeDescendants",
-            "bool",
-            column=_c(Offer, "include_descendants"),
-        ),
-        Value("priority", "priority", "priority", "int", column=_c(Offer, "priority")),
+        *_OFFER_TERMS,
         Relation("quotas", "quotas", "quotas", "Quota", rows="offer_quotas", order=QUOTA_ORDER),
     ),
 )
