@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any
-from uuid import uuid4
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
@@ -60,17 +59,21 @@ def behind_pgbouncer(url: str | URL) -> tuple[URL, bool]:
     }
 
 
-def _unique_statement_name() -> str:
-    return f"__asyncpg_{uuid4()}__"
+def _unnamed_statement() -> str:
+    # The unnamed statement: PgBouncer hands it only to this transaction, and nothing is
+    # left to close. A named one (SQLAlchemy's recipe, unique names) is closed by asyncpg
+    # before the connection's next statement with no timeout at all, so a database that
+    # stops answering held that request until it came back.
+    return ""
 
 
 def pgbouncer_connect_args() -> dict[str, Any]:
-    """asyncpg connect arguments safe under transaction pooling: no statement cache and
-    statement names no two server connections can share."""
+    """asyncpg connect arguments safe under transaction pooling: no statement cache, and
+    every statement the unnamed one (parsed again with its execution)."""
     return {
         "statement_cache_size": 0,
         "prepared_statement_cache_size": 0,
-        "prepared_statement_name_func": _unique_statement_name,
+        "prepared_statement_name_func": _unnamed_statement,
     }
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
@@ -77,6 +77,28 @@ async def test_many_connections_share_two_server_connections(
         # The statement bound, set per transaction since PgBouncer refuses it at startup.
         async with db.writer.begin() as conn:
             assert (await conn.exec_driver_sql("SHOW statement_timeout")).scalar_one() == "7s"
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_no_statement_is_left_for_asyncpg_to_close(
+    database_url: str, bouncer: PgBouncer
+) -> None:
+    """Behind PgBouncer every statement is the unnamed one: a named statement is closed by
+    asyncpg before the connection's next one with no timeout, so a database that stopped
+    answering held that request until it came back (tests/db/test_unresponsive_database.py).
+    After many different statements in one transaction, the server session holds no
+    prepared statement and asyncpg has none queued to close."""
+    db = create_database(through(bouncer, database_url))
+    try:
+        async with db.reader.connect() as conn:
+            for n in range(10):
+                await conn.scalar(select(Tenant.id).where(Tenant.id != f"{n}").limit(n + 1))
+            kept = await conn.scalar(text("SELECT count(*) FROM pg_prepared_statements"))
+            raw = await conn.get_raw_connection()
+            queued = len(getattr(raw.driver_connection, "_stmts_to_close", ()))
+        assert (kept, queued) == (0, 0)
     finally:
         await db.dispose()
 
