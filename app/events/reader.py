@@ -30,6 +30,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -135,6 +136,30 @@ async def outbox_bounds(executor: Executor) -> Bounds:
     oldest_at = None if row[2] is None else Position(row[2], row[3])
     newest_at = pruned_at if row[0] is None else max(Position(row[0], row[1]), pruned_at)
     return Bounds(oldest=oldest_at, newest=newest_at, pruned=pruned_at)
+
+
+# How many pools' committed-above-the-horizon events a new subscription remembers (below).
+COMMITTED_AHEAD_POOLS = 10_000
+
+
+async def committed_ahead(executor: Executor) -> dict[str, Position]:
+    """Per pool, the newest event already committed above the horizon: a subscription
+    opened now starts at the newest position below it, and these events, committed before
+    it opened, are not its to deliver. A pool's positions follow its commit order
+    (outbox.py), so every later event of that pool sits above the one given here. On
+    PostgreSQL run it in the snapshot that read the start (REPEATABLE READ); SQLite has
+    no horizon and answers nothing. At most COMMITTED_AHEAD_POOLS pools (a horizon held
+    back that long by one transaction): beyond them a new subscription may also receive
+    an event committed just before it opened, never miss one committed after."""
+    newest = (
+        select(Event.pool_id, Event.tx, Event.seq)
+        .where(Event.tx >= Horizon())
+        .ext(distinct_on(Event.pool_id))
+        .order_by(Event.pool_id, Event.tx.desc(), Event.seq.desc())
+        .limit(COMMITTED_AHEAD_POOLS)
+    )
+    rows = (await executor.execute(newest)).all()
+    return {pool_id: Position(tx, seq) for pool_id, tx, seq in rows}
 
 
 _PENDING = select(exists().where(Event.tx >= Horizon()))

@@ -49,6 +49,7 @@ from app.events.delivery import F, ShownEvents, Visibility
 from app.events.reader import (
     OutboxEvent,
     committed_above_horizon,
+    committed_ahead,
     outbox_bounds,
     prune_events,
     read_events,
@@ -132,9 +133,19 @@ class Mailbox:
 class Subscription(Generic[F]):
     """One subscriber's stream: from the outbox until level with the relay, then live."""
 
-    def __init__(self, relay: Relay[F], event_filter: F, start: Position) -> None:
+    def __init__(
+        self,
+        relay: Relay[F],
+        event_filter: F,
+        start: Position,
+        ahead: dict[str, Position] | None = None,
+    ) -> None:
         self.filter = event_filter
         self.last = start  # everything up to here is delivered or not for us
+        # Per pool, events up to here committed before the subscription opened, above
+        # `start` (reader.committed_ahead): not delivered. Dropped once passed.
+        self._ahead = ahead or {}
+        self._ahead_until = max(self._ahead.values(), default=START)
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -155,6 +166,8 @@ class Subscription(Generic[F]):
                 if not self.live:
                     page, covered, complete = await relay.replay_page(self)
                     for event in page:
+                        if self._before_open(event):
+                            continue
                         self._waiting_since = loop.time()
                         yield event
                         self._waiting_since = None
@@ -167,7 +180,7 @@ class Subscription(Generic[F]):
                 mailed = await self.mailbox.get()
                 if mailed is None:
                     continue  # the relay set live = False when it overflowed
-                if mailed.position <= self.last:
+                if mailed.position <= self.last or self._before_open(mailed):
                     continue
                 self._waiting_since = loop.time()
                 yield mailed
@@ -175,6 +188,14 @@ class Subscription(Generic[F]):
                 self.last = mailed.position
         finally:
             relay.detach(self)
+
+    def _before_open(self, event: OutboxEvent) -> bool:
+        if not self._ahead:
+            return False
+        if self.last >= self._ahead_until:
+            self._ahead = {}  # every such event is behind us now
+            return False
+        return event.position <= self._ahead.get(event.pool_id, START)
 
     def offer(self, event: OutboxEvent) -> None:
         if self.live and not self.mailbox.put(event):
@@ -320,8 +341,17 @@ class Relay(Generic[F]):
             self._cursor_ready = True
 
     async def open(self, event_filter: F, after: Position | None) -> Subscription[F]:
-        """A subscription starting now, or right after the `after` position."""
+        """A subscription starting now, or right after the `after` position. Now means
+        after every event committed before it opened, those still above the horizon too
+        (a longer transaction elsewhere holds it back): they are skipped, by pool."""
         await self._ensure_cursor()
+        if after is None and self.db.dialect == "postgresql":
+            async with self.db.reader.connect() as conn:
+                conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+                async with conn.begin():  # one snapshot for the start and what is ahead of it
+                    bounds = await outbox_bounds(conn)
+                    ahead = await committed_ahead(conn)
+            return Subscription(self, event_filter, bounds.newest, ahead)
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
         if after is None:

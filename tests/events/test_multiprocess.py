@@ -153,6 +153,7 @@ async def _run(size: Size, database_url: str, db: Database, redis_url: str) -> N
                 (await apis[(i + k) % 2].ok(tokens[tenant], "pools/create", body))["pool"]["id"]
                 for k in range(2)
             ]
+        await all_visible(db)  # else "newest" may be short of the last commit
         async with db.reader.connect() as conn:
             start = (await outbox_bounds(conn)).newest
         # Every subscriber resumes after the same cursor, so none misses the first mutations

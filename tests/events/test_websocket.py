@@ -14,6 +14,8 @@ import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.exceptions import TransportQueryError
 from gql.transport.websockets import WebsocketsTransport
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.applications import Starlette
 
 from app.config import Settings
@@ -179,6 +181,39 @@ async def test_refused_subscriptions_carry_their_codes(
                 await stream.next()
             assert refused.value.errors is not None
             assert refused.value.errors[0]["extensions"]["code"] == code
+            await stream.close()
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # the transaction-id horizon
+async def test_a_new_subscription_skips_what_committed_before_it_behind_a_held_horizon(
+    database_url: str, db: Database
+) -> None:
+    """A subscription opened while a longer transaction holds the horizon back (here one
+    that only holds a transaction id; on a shared server, any database's writer) starts
+    after every change committed before it opened, those still above the horizon too:
+    the first event it receives is the first change made after it."""
+    async with (
+        served(Settings(database_url=database_url)) as (app, address),
+        http_api(address) as api,
+    ):
+        s = await Scene.start(api, Fleet(db))
+        pool_id = (await s.pool())["id"]
+        holder = AsyncSession(db.writer)
+        try:
+            await holder.execute(text("SELECT pg_current_xact_id()"))
+            before = s.body(pool_id, policy={"hugepages": {"2Mi": 1}})
+            assert (await api.ok(s.token, "pools/update", before))["pool"]["version"] == 2
+            protocol = WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL
+            stream = Stream(ws_client(address, s.token, protocol), LIGHT_EVENTS, tenantId="acme")
+            await subscribed(app, 1)
+        finally:
+            await holder.rollback()
+            await holder.close()
+        after = s.body(pool_id, policy={"hugepages": {"2Mi": 2}})
+        await api.ok(s.token, "pools/update", after)
+        try:
+            assert (await stream.next())["data"]["version"] == 3
+        finally:
             await stream.close()
 
 
