@@ -202,7 +202,9 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
                     field="policy.singleTenant",
                 )
         if policy.get("prewarmImages") != pool.policy.get("prewarmImages"):
-            site.agent_revision += 1  # the site's agents pick up the new desired state
+            # The site's agents pick up the new desired state. Incremented in the UPDATE:
+            # another pool of the site may be changing its images in this instant.
+            site.agent_revision = Site.agent_revision + 1
         changes += policy_changes(pool.policy, policy)
         pool.policy = policy
         changed.append("policy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -248,6 +249,19 @@ async def test_a_prewarm_images_change_refreshes_the_sites_agents(
     await _update(s, pool["id"], policy={})
     assert await _agent_revision(db, s.site) == start + 2
     assert await _agent_revision(db, other_site) == start  # another site's agents: untouched
+
+
+async def test_concurrent_prewarm_changes_of_one_sites_pools_each_refresh_its_agents(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """Eight pools of one site change their prewarmImages at once: the site's revision
+    moves by eight (an increment read and written back by each would lose some)."""
+    s = await Scene.start(api, fleet)
+    pools = [(await s.pool())["id"] for _ in range(8)]
+    start = await _agent_revision(db, s.site)
+    images = ["nvcr.io/nvidia/pytorch:24.05-py3"]
+    await asyncio.gather(*(_update(s, p, policy={"prewarmImages": images}) for p in pools))
+    assert await _agent_revision(db, s.site) == start + 8
 
 
 async def test_authz_rows_are_refreshed_for_the_owner_and_every_offered_tenant(
