@@ -47,7 +47,7 @@ from app.capacity.views import ReservationView
 from app.compat import graphql_core_schema
 from app.iam.principal import Principal
 from schema.compiled_reads import CompiledReads, Plan, Unplanned, hashable
-from schema.executor import _plan_for
+from schema.executor import plan_for
 from schema.types.payloads import ReservationPayload
 from schema.types.reservation import Reservation
 
@@ -208,7 +208,7 @@ class CompiledWrites:
             field_def = parent.fields.get(name)
             if field_def is None or any(n.arguments for n in inner):
                 raise Unplanned(name)
-            leaf = _plan_for(field_def)
+            leaf = plan_for(field_def)
             if leaf is not None:
                 attribute, serialise, nullable = leaf
                 found.append(("leaf", key, attribute, serialise, nullable))

@@ -44,7 +44,9 @@ _plans: dict[int, tuple[GraphQLField, _Plan]] = {}
 _PLAIN = (str, int, float, bool)
 
 
-def _plan_for(field_def: GraphQLField) -> _Plan:
+def plan_for(field_def: GraphQLField) -> _Plan:
+    """How the fast executor renders `field_def` (shared with schema/compiled_writes.py,
+    whose mutation answers render their leaves alike); None when it resolves as usual."""
     known = _plans.get(id(field_def))
     if known is not None:
         return known[1]
@@ -130,7 +132,7 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         for response_name, field_details_list in grouped_field_set.items():
             node = field_details_list[0].node
             field_def = fields.get(node.name.value)
-            plan = _plan_for(field_def) if field_def is not None and not node.arguments else None
+            plan = plan_for(field_def) if field_def is not None and not node.arguments else None
             entries.append((response_name, field_details_list, plan))
         plans[id(grouped_field_set)] = (grouped_field_set, entries)
         return entries
