@@ -60,6 +60,12 @@ COMPILED_READS = Counter(
     "the plain path (an error to report, a caller whose decisions differ per pool...)",
     ["outcome"],
 )
+COMPILED_WRITES = Counter(
+    "bettercompute_compiled_writes_total",
+    "Bookings and releases tried as one statement (PostgreSQL, app/capacity/booking.py): "
+    "answered by it, refused by it (quota, capacity, state), or declined to the plain path",
+    ["write", "outcome"],
+)
 COMPILED_PLANS = Gauge(
     "bettercompute_compiled_plans",
     "GraphQL query texts with a compiled-read plan kept (schema/compiled_reads.py)",

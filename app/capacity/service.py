@@ -14,6 +14,7 @@ import orjson
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app import metrics
 from app.capacity import (
     booking,
     booking_release,
@@ -325,7 +326,7 @@ class Capacity:
         principal was remembered by admission and the statement checks its token."""
         if not self.compiles_reads:
             return None
-        return await booking.book(self.db, principal, inp, token_hash)
+        return await _counted("booking", booking.book(self.db, principal, inp, token_hash))
 
     async def create_reservation(
         self, principal: Principal, inp: CreateReservationInput
@@ -342,7 +343,8 @@ class Capacity:
         None: `release_reservation` then answers."""
         if not self.compiles_reads:
             return None
-        return await booking_release.release(self.db, principal, inp, token_hash)
+        released = booking_release.release(self.db, principal, inp, token_hash)
+        return await _counted("release", released)
 
     async def release_reservation(
         self, principal: Principal, inp: ReleaseReservationInput
@@ -383,3 +385,14 @@ class Capacity:
         return await pool_events.open_pool_events(
             self._relay, self.db, self.events.bindings, principal, inp
         )
+
+
+async def _counted(write: str, answer: Awaitable[ReservationView | None]) -> ReservationView | None:
+    """A one-statement write's answer, counted by outcome (bettercompute_compiled_writes_total)."""
+    try:
+        view = await answer
+    except DomainError:
+        metrics.COMPILED_WRITES.labels(write, "refused").inc()
+        raise
+    metrics.COMPILED_WRITES.labels(write, "declined" if view is None else "answered").inc()
+    return view

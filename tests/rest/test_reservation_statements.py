@@ -145,3 +145,35 @@ async def test_writes_take_a_constant_number_of_statements(
         # GraphQL too (schema/compiled_writes.py): the caller is not looked up.
         for kind in GRAPHQL:
             assert counts[f"{kind}, 5 resources, {DEPTH} offers"] == one, counts
+
+
+def _writes(write: str, outcome: str) -> float:
+    labels = {"write": write, "outcome": outcome}
+    return REGISTRY.get_sample_value("bettercompute_compiled_writes_total", labels) or 0.0
+
+
+async def test_one_statement_writes_are_counted_by_outcome(
+    api: Api, fleet: Fleet, dialect: str
+) -> None:
+    """`bettercompute_compiled_writes_total` tells bookings and releases the one statement
+    answered, refused or declined to the plain path; SQLite has no such statement."""
+    s = await Scene.start(api, fleet)
+    pool = (await s.pool(ownerQuota={"gpu": 4}))["id"]
+    await fleet.node(pool, 8)
+    outcomes = [(w, o) for w in ("booking", "release") for o in ("answered", "refused", "declined")]
+    before = {k: _writes(*k) for k in outcomes}
+    booked = await s.reserve(pool, {"gpu": 3})
+    status, body = await api.fails(
+        s.token, "reservations/create", s.body(pool, resources={"gpu": 2})
+    )
+    assert body["code"] == "RESOURCE_EXHAUSTED", (status, body)
+    await s.release(booked["id"])
+    moved = {k: _writes(*k) - before[k] for k in outcomes}
+    counted = dict.fromkeys(outcomes, 0.0)
+    if dialect == "postgresql":
+        counted |= {
+            ("booking", "answered"): 1.0,
+            ("booking", "refused"): 1.0,
+            ("release", "answered"): 1.0,
+        }
+    assert moved == counted
