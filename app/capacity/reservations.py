@@ -4,6 +4,9 @@ Shared counters are guarded in the database with conditional UPDATEs
 (`used + n <= max`, `booked + n <= allocatable`) and their rowcount, never a
 read-check-write across awaits. Every booking and release touches quota rows
 before capacity rows, each in resource order, so concurrent calls cannot deadlock.
+Each of those UPDATEs (take_*, give_back_*: the only writers of `used` and `booked` a
+booking or release makes, on both execution strategies) also stamps the row's `usage_tx`,
+which is how `pool.usage` events find what moved (app/events/usage.py): no outbox row.
 
 A booking takes no lock on the pool row. It checks the pool's state once it holds the
 capacity rows it books, and an archive locks those same rows before it commits: so a
@@ -46,6 +49,7 @@ from app.db.engine import Executor
 from app.db.models import CapacityRow, Pool, QuotaRow, Reservation, utcnow
 from app.db.uow import UnitOfWork
 from app.errors import InvalidState, NotFound, ResourceExhausted
+from app.events.usage import UsageStamp
 from app.iam.decisions import allows_pool, decide_pool
 from app.iam.principal import Principal
 
@@ -67,7 +71,7 @@ def take_quota(pool_id: Value, tenant_id: Value, resource: Value, amount: int | 
             QuotaRow.resource == resource,
             QuotaRow.used <= QuotaRow.max - amount,  # no overflow near 2^63
         )
-        .values(used=QuotaRow.used + amount)
+        .values(used=QuotaRow.used + amount, usage_tx=UsageStamp())
     )
 
 
@@ -79,7 +83,7 @@ def take_capacity(pool_id: Value, resource: Value, amount: int | Value) -> Updat
             CapacityRow.resource == resource,
             CapacityRow.booked <= CapacityRow.allocatable - amount,
         )
-        .values(booked=CapacityRow.booked + amount)
+        .values(booked=CapacityRow.booked + amount, usage_tx=UsageStamp())
     )
 
 
@@ -187,7 +191,7 @@ def give_back_quota(
             QuotaRow.tenant_id == tenant_id,
             QuotaRow.resource == resource,
         )
-        .values(used=QuotaRow.used - amount)
+        .values(used=QuotaRow.used - amount, usage_tx=UsageStamp())
     )
 
 
@@ -201,6 +205,7 @@ def give_back_capacity(pool_id: Value, resource: Value, amount: int | Value) -> 
         .values(
             booked=left,
             allocatable=case((CapacityRow.total > left, CapacityRow.total), else_=left),
+            usage_tx=UsageStamp(),
         )
     )
 

@@ -9,4 +9,4 @@ from __future__ import annotations
 
 from typing import Final
 
-HEAD_REVISION: Final = "0010"
+HEAD_REVISION: Final = "0011"

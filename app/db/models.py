@@ -164,7 +164,12 @@ class QuotaRow(Base):
     resource: Mapped[str] = mapped_column(String(64), primary_key=True)
     max: Mapped[int] = mapped_column(BigInteger)
     used: Mapped[int] = mapped_column(BigInteger, default=0)
-    __table_args__ = (Index("ix_quota_rows_tenant_pool", "tenant_id", "pool_id"),)
+    # Stamped by every booking and release (app/capacity/usage.py): `pool.usage` events.
+    usage_tx: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    __table_args__ = (
+        Index("ix_quota_rows_tenant_pool", "tenant_id", "pool_id"),
+        Index("ix_quota_rows_usage_tx", "usage_tx"),
+    )
 
 
 class Node(Base):
@@ -185,6 +190,9 @@ class CapacityRow(Base):
     total: Mapped[int] = mapped_column(BigInteger, default=0)
     allocatable: Mapped[int] = mapped_column(BigInteger, default=0)
     booked: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Stamped by every booking and release (app/capacity/usage.py): `pool.usage` events.
+    usage_tx: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    __table_args__ = (Index("ix_capacity_rows_usage_tx", "usage_tx"),)
 
 
 class Reservation(Base):
