@@ -25,6 +25,7 @@ from app.capacity.labels import (
     check_label_key,
 )
 from app.errors import InvalidInput
+from app.events.cursor import MAX_CURSOR_LENGTH
 
 ULID_TAIL = "[0-9a-hjkmnp-tv-z]{26,52}"
 POOL_ID_PATTERN = rf"pool_{ULID_TAIL}"
@@ -256,7 +257,12 @@ class ListQuotasInput(MethodInput):
 
 
 EventType = Literal[
-    "pool.created", "pool.offered", "pool.unoffered", "pool.updated", "pool.archived"
+    "pool.created",
+    "pool.offered",
+    "pool.unoffered",
+    "pool.updated",
+    "pool.archived",
+    "pool.usage",
 ]
 
 
@@ -265,8 +271,8 @@ class PoolEventsInput(MethodInput):
 
     tenant_id: TenantId = Field(alias="tenantId")
     pool_id: PoolId | None = Field(default=None, alias="poolId")
-    types: Annotated[list[EventType], Field(max_length=5)] | None = None
-    after: Annotated[str, StringConstraints(max_length=64)] | None = None
+    types: Annotated[list[EventType], Field(max_length=6)] | None = None
+    after: Annotated[str, StringConstraints(max_length=MAX_CURSOR_LENGTH)] | None = None
 
 
 InputT = TypeVar("InputT", bound=MethodInput)
