@@ -136,6 +136,11 @@ class Settings(BaseSettings):
     event_poll_interval_s: float = setting(
         2.0, "each relay reads the outbox at least this often", env="EVENT_POLL_SECONDS"
     )
+    usage_coalesce_ms: int = setting(
+        100,
+        "`pool.usage`: at most one event per pool per subscriber this often (ms); each "
+        "relay reads the pools bookings and releases moved once per window",
+    )
     broker_probe_interval_s: float = setting(
         2.0, "how often each process checks its broker subscription", env="BROKER_PROBE_SECONDS"
     )

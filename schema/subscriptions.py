@@ -37,18 +37,23 @@ _closing: set[asyncio.Task[None]] = set()  # close tasks, kept alive until done
 class PoolEvent:
     cursor: str = strawberry.field(
         description="Opaque. Resubscribe with `after` set to the last cursor received to "
-        "get every later event exactly once."
+        "get every later event exactly once (and, for `pool.usage`, the latest usage of "
+        "every pool that changed since)."
     )
     type: str = strawberry.field(
-        description="pool.created, pool.offered, pool.unoffered, pool.updated or pool.archived."
+        description="pool.created, pool.offered, pool.unoffered, pool.updated, pool.archived "
+        "or pool.usage (state, not history: the usage rows after bookings and releases, "
+        "at most one per pool per coalescing window)."
     )
     pool_id: strawberry.ID = strawberry.field(description="The pool it is about.")
     tenant_id: str = strawberry.field(description="The tenant that made the change.")
     occurred_at: datetime = strawberry.field(description="When the change committed.")
     data: JSON = strawberry.field(
-        description="What changed; its keys depend on `type`. Only what the subscriber may "
-        "read: another tenant's offer details reach only the owner's callers with "
-        "compute:pools:share (docs/events.md)."
+        description="What changed; its keys depend on `type` (pool.usage: `quotas` "
+        "[{tenantId, resource, max, used}] and `capacity` [{resource, booked, available}], "
+        "the rows after the change). Only what the subscriber may read: another tenant's "
+        "offer details reach only the owner's callers with compute:pools:share "
+        "(docs/events.md)."
     )
     tenant: strawberry.Private[str]  # the subscribing tenant
     # Set when `pool` is selected: the subscription whose event this is, whose caller's

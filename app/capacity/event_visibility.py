@@ -16,6 +16,18 @@ names it. Two things are decided on current state instead, from one load per bat
   caller's current one: a rebinding re-scopes the open subscriptions, read on the
   batch's own connection before it is decided (app/iam/bindings.py).
 
+`pool.usage` (CONTRACT section 10) is not in the outbox and has no audience: each relay
+round hands `load_usage` the pools whose usage moved, with the tenants whose quota rows
+moved. A subscriber receives one when its tenant owns the pool (every row its query
+shows), or when a row its own queries show moved: the rows it books against (its own, or
+those of the ancestor whose offer it sees the pool through, `World.grant`), or the
+pool's capacity rows where it may read them (a guest with capacity reads sees every
+booking move `booked`; without that its applied state would differ from a refetch, which
+CONTRACT section 10 rules out); and what it receives
+is what its own `pools/get` shows of quotas, offers and capacity right then, read by
+`pool_reads` itself (once per pool and view, shared by every subscriber of that view), so
+no rule of what a read shows is restated here.
+
 Then an event shows the subscriber nothing a query by the same caller would not
 (CONTRACT section 7): offer details (`toTenantId`, `quota`, `priority`,
 `includeDescendants`) and the removed tenants of an archive are whole only for a caller
@@ -29,18 +41,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 
 from app.capacity.access import reads_offers
-from app.capacity.reads import Actor
-from app.capacity.views import Grant
-from app.catalog import LIST_POOLS
+from app.capacity.event_reads import view_of
+from app.capacity.pool_reads import read_parts
+from app.capacity.reads import Actor, visible_pool
+from app.capacity.views import Grant, PoolDetail, PoolPart
+from app.catalog import GET_POOL, LIST_POOLS
 from app.db.engine import Executor
-from app.db.models import AuthzRow, Pool
+from app.db.models import AuthzRow, Pool, utcnow
+from app.errors import NotFound
 from app.events.reader import OutboxEvent
+from app.events.usage import USAGE_EVENT
 from app.iam.bindings import LiveBinding, LiveBindings
 from app.iam.decisions import PoolAttributes, allows_pool, may_act
 
@@ -156,6 +173,98 @@ class PoolEventVisibility:
         await self.bindings.refresh(executor)
         return await load_world(executor, {e.pool_id for e in events})
 
+    async def load_usage(
+        self, executor: Executor, changes: Mapping[str, frozenset[str | None]]
+    ) -> UsageWorld:
+        await self.bindings.refresh(executor)
+        return UsageWorld(executor, await load_world(executor, changes))
+
+
+# What a `pool.usage` event shows: the parts of `pools/get` that carry usage.
+USAGE_PARTS: frozenset[PoolPart] = frozenset({"quotas", "offers", "capacity"})
+
+
+def usage_data(detail: PoolDetail) -> dict[str, Any]:
+    """`data` of a `pool.usage` event (CONTRACT section 10) from a pool as read: every quota
+    row the read shows (the rows the tenant books against, and for a caller that reads the
+    offers each offer's rows), and the capacity rows when it shows them."""
+    pool = detail.pool
+    rows = {(pool.grant.tenant_id, q.resource): q for q in detail.quotas}
+    if isinstance(detail.offers, tuple):
+        for offer in detail.offers:
+            rows.update({(offer.tenant_id, q.resource): q for q in offer.quotas})
+    data: dict[str, Any] = {
+        "version": pool.version,
+        "quotas": [
+            {"tenantId": tenant, "resource": resource, "max": q.max, "used": q.used}
+            for (tenant, resource), q in sorted(rows.items())
+        ],
+    }
+    if isinstance(detail.capacity, tuple):
+        data["capacity"] = [
+            {"resource": c.resource, "booked": c.booked, "available": c.available}
+            for c in detail.capacity
+        ]
+    return data
+
+
+class UsageWorld:
+    """One usage round's changed pools (app/events/delivery.py: ShownUsage)."""
+
+    def __init__(self, executor: Executor, world: World) -> None:
+        self._executor = executor
+        self._world = world
+        self._shown: dict[tuple[Any, ...], OutboxEvent | None] = {}
+        self._now = utcnow()
+
+    async def readable(
+        self, pool_id: str, moved: frozenset[str | None], subscription: PoolEventFilter
+    ) -> OutboxEvent | None:
+        if not subscription.wants_type(USAGE_EVENT, pool_id):
+            return None
+        actor = subscription.actor
+        if not may_act(actor.principal, actor.tenant_id, LIST_POOLS.permission):
+            return None
+        pool = self._world.pools.get(pool_id)
+        if pool is None:
+            return None
+        own_rows_moved = True
+        if pool.owner != actor.tenant_id:
+            grant = self._world.grant(actor, pool_id)
+            if grant is None:
+                return None
+            own_rows_moved = grant.tenant_id in moved
+            if not own_rows_moved and None not in moved:
+                return None  # neither the rows it books against nor the capacity moved
+        key = (pool_id, view_of(actor))
+        if key not in self._shown:
+            self._shown[key] = await self._read(pool_id, pool.owner, actor)
+        shown = self._shown[key]
+        if shown is not None and not own_rows_moved and "capacity" not in shown.data:
+            return None  # only the capacity moved, which its query does not show
+        return shown
+
+    async def _read(self, pool_id: str, owner: str, actor: Actor) -> OutboxEvent | None:
+        """The pool as the actor's `pools/get` shows it now, as an event; None where that
+        answers NOT_FOUND or PERMISSION_DENIED."""
+        try:
+            view = await visible_pool(self._executor, actor, pool_id)
+        except NotFound:
+            return None
+        if not allows_pool(actor.principal, GET_POOL.permission, view.grant.attributes):
+            return None
+        (detail,) = await read_parts(self._executor, actor.principal, [view], USAGE_PARTS)
+        return OutboxEvent(
+            seq=0,
+            type=USAGE_EVENT,
+            pool_id=pool_id,
+            tenant_id=owner,  # a merged event has no one actor: the pool's owner
+            occurred_at=self._now,
+            data=usage_data(detail),
+            audience=frozenset(),
+            usage=0,  # the relay sets the horizon its cursor carries
+        )
+
 
 class PoolEventFilter:
     """What one subscription asked for: its actor, and optionally one pool and some types.
@@ -189,8 +298,11 @@ class PoolEventFilter:
         return self._actor.lineage
 
     def wants(self, event: OutboxEvent) -> bool:
-        return (self.pool_id is None or event.pool_id == self.pool_id) and (
-            self.types is None or event.type in self.types
+        return self.wants_type(event.type, event.pool_id)
+
+    def wants_type(self, event_type: str, pool_id: str) -> bool:
+        return (self.pool_id is None or pool_id == self.pool_id) and (
+            self.types is None or event_type in self.types
         )
 
 

@@ -15,7 +15,7 @@ from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import PoolEventsInput
 from app.catalog import LIST_POOLS
 from app.db.engine import Database
-from app.events.cursor import decode_cursor
+from app.events.cursor import decode_resume
 from app.events.relay import Relay, Subscription
 from app.iam.bindings import LiveBindings
 from app.iam.principal import Principal
@@ -30,7 +30,7 @@ async def open_pool_events(
 ) -> Subscription[PoolEventFilter]:
     """A subscription for `poolEvents(tenantId, poolId, types, after)`; iterate its
     `stream()` for the events."""
-    after = decode_cursor(inp.after) if inp.after is not None else None
+    after = decode_resume(inp.after) if inp.after is not None else None
     async with db.reader.connect() as conn:
         # Decided as `list` is: compute:pools:read on the tenant.
         actor = await resolve_actor(conn, principal, inp.tenant_id, LIST_POOLS)

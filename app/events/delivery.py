@@ -3,7 +3,7 @@ read each one (app/capacity/event_visibility.py), so app/events/ knows no IAM ru
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from app.db.engine import Executor
@@ -38,7 +38,23 @@ class ShownEvents(Protocol[F_contra]):
         ...
 
 
+class ShownUsage(Protocol[F_contra]):
+    """One usage round's changed pools, with what deciding them needs loaded once."""
+
+    async def readable(
+        self, pool_id: str, moved: frozenset[str | None], subscription: F_contra
+    ) -> OutboxEvent | None:
+        """The pool's `pool.usage` event as this subscription may read it (the rows its own
+        query shows now), or None when it is not for it. `moved`: the tenants whose quota
+        rows moved (None: the capacity rows)."""
+        ...
+
+
 class Visibility(Protocol[F_contra]):
     async def load(
         self, executor: Executor, events: Sequence[OutboxEvent]
     ) -> ShownEvents[F_contra]: ...
+
+    async def load_usage(
+        self, executor: Executor, changes: Mapping[str, frozenset[str | None]]
+    ) -> ShownUsage[F_contra]: ...

@@ -37,7 +37,14 @@ from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.engine import Executor
 from app.db.models import Event, EventAudience, EventsPruned
-from app.events.cursor import BIGINT_MAX, START, Position, as_position, encode_cursor
+from app.events.cursor import (
+    BIGINT_MAX,
+    START,
+    Position,
+    as_position,
+    encode_cursor,
+    encode_usage_cursor,
+)
 
 
 class Horizon(FunctionElement[int]):
@@ -82,6 +89,9 @@ class OutboxEvent:
     data: dict[str, Any]
     audience: frozenset[str]  # the tenants it is for (only those asked about, when filtered)
     tx: int = 0  # the writing transaction (0 on SQLite and before migration 0009)
+    # A `pool.usage` event (never in the outbox): the usage horizon its cursor carries;
+    # its position is the last outbox event its subscription had delivered (relay.py).
+    usage: int | None = None
     # What is read for this event once and shared by every subscriber it is shown to
     # (app/capacity/event_reads.py): an init field, so a reduced view made with
     # `dataclasses.replace` shares the same dict.
@@ -97,6 +107,8 @@ class OutboxEvent:
 
     @property
     def cursor(self) -> str:
+        if self.usage is not None:
+            return encode_usage_cursor(self.position, self.usage)
         return encode_cursor(self.position)
 
 

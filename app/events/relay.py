@@ -28,6 +28,19 @@ with a smaller id, possibly one that writes no event, is still running): the rel
 reads again after a short, growing pause (1 ms doubling to 20 ms) until it has read the
 newest position it was told of and no committed event waits above the horizon, so
 delivery follows the horizon closely even when a wake-up was lost.
+
+`pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
+`usage_interval_s` the relay reads a usage horizon and the pools whose quota or capacity
+rows a booking or release stamped since the last round (app/events/usage.py), and mails
+each live subscription that accepts `pool.usage` one event per pool, with the rows its
+own query shows now (the domain's `load_usage`). Each subscription keeps the horizon
+through which it was offered every change (`usage_at`); a usage event's cursor carries
+the last outbox position the subscription delivered and, on the last event of a round,
+that round's horizon (on the others the round's start, so resuming after any of them
+misses no pool of the round). A subscription resumed after such a cursor, or one whose
+mailbox overflowed, is sent the latest usage of every pool stamped since its horizon once
+it is live again; one resumed after an outbox event's cursor (which says nothing of
+usage), that of every pool ever booked that it may see.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import contextlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Generic
 
@@ -44,8 +58,8 @@ from app import metrics
 from app.config import Settings
 from app.db.engine import Database
 from app.errors import InvalidInput, InvalidState
-from app.events.cursor import START, Position
-from app.events.delivery import F, ShownEvents, Visibility
+from app.events.cursor import START, Position, ResumePoint
+from app.events.delivery import F, ShownEvents, ShownUsage, Visibility
 from app.events.reader import (
     OutboxEvent,
     committed_above_horizon,
@@ -55,6 +69,7 @@ from app.events.reader import (
     read_events,
 )
 from app.events.tasks import cancel_and_wait
+from app.events.usage import USAGE_EVENT, UsageChange, usage_changes
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +154,7 @@ class Subscription(Generic[F]):
         event_filter: F,
         start: Position,
         ahead: dict[str, Position] | None = None,
+        usage_from: int | None = None,
     ) -> None:
         self.filter = event_filter
         self.last = start  # everything up to here is delivered or not for us
@@ -146,6 +162,11 @@ class Subscription(Generic[F]):
         # `start` (reader.committed_ahead): not delivered. Dropped once passed.
         self._ahead = ahead or {}
         self._ahead_until = max(self._ahead.values(), default=START)
+        # `pool.usage`: every change stamped below `usage_at` was offered to us, every one
+        # below `usage_delivered` delivered (module docstring). None: it takes none.
+        self.wants_usage = event_filter.types is None or USAGE_EVENT in event_filter.types
+        self.usage_at = usage_from if self.wants_usage else None
+        self.usage_delivered = self.usage_at
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -180,6 +201,16 @@ class Subscription(Generic[F]):
                 mailed = await self.mailbox.get()
                 if mailed is None:
                     continue  # the relay set live = False when it overflowed
+                if mailed.usage is not None:
+                    # State, not history: positioned at our last outbox event, so its
+                    # cursor resumes the outbox exactly; its own reads and renderings,
+                    # as the cursor is ours alone.
+                    usage = replace(mailed, tx=self.last.tx, seq=self.last.seq, reads={})
+                    self._waiting_since = loop.time()
+                    yield usage
+                    self._waiting_since = None
+                    self.usage_delivered = mailed.usage
+                    continue
                 if mailed.position <= self.last or self._before_open(mailed):
                     continue
                 self._waiting_since = loop.time()
@@ -197,10 +228,16 @@ class Subscription(Generic[F]):
             return False
         return event.position <= self._ahead.get(event.pool_id, START)
 
-    def offer(self, event: OutboxEvent) -> None:
+    def offer(self, event: OutboxEvent) -> bool:
+        """False when the mailbox overflowed (the subscription resyncs)."""
         if self.live and not self.mailbox.put(event):
             self.live = False
             self.resyncs += 1
+            # Usage mailed and dropped: sent again from what was delivered, once live.
+            if self.wants_usage:
+                self.usage_at = self.usage_delivered
+            return False
+        return self.live
 
     @contextlib.contextmanager
     def preparing(self) -> Iterator[None]:
@@ -250,8 +287,11 @@ class Relay(Generic[F]):
         stall_timeout_s: float = 8.0,
         retention_s: float = 0,
         batch_size: int = 500,
+        usage_interval_s: float = 0.1,
     ) -> None:
         self.queue_size = queue_size
+        self.usage_interval_s = usage_interval_s
+        self.usage_rounds = 0  # usage rounds that read changes (for tests)
         self.cursor = START  # every event up to here has been offered to the subscriptions
         self.db = db
         self._visibility = visibility
@@ -302,6 +342,7 @@ class Relay(Generic[F]):
         self._tasks = [
             asyncio.create_task(self._relay_loop(), name="event-relay"),
             asyncio.create_task(self._watch_stalls(), name="event-relay-stalls"),
+            asyncio.create_task(self._usage_loop(), name="event-relay-usage"),
         ]
         if self._retention_s > 0:
             self._tasks.append(asyncio.create_task(self._prune_loop(), name="event-pruner"))
@@ -340,10 +381,11 @@ class Relay(Generic[F]):
             self.newest_known = max(self.newest_known, self.cursor)
             self._cursor_ready = True
 
-    async def open(self, event_filter: F, after: Position | None) -> Subscription[F]:
-        """A subscription starting now, or right after the `after` position. Now means
-        after every event committed before it opened, those still above the horizon too
-        (a longer transaction elsewhere holds it back): they are skipped, by pool."""
+    async def open(self, event_filter: F, after: ResumePoint | Position | None) -> Subscription[F]:
+        """A subscription starting now, or right after the `after` position (and, for a
+        `pool.usage` cursor, its usage horizon). Now means after every event committed
+        before it opened, those still above the horizon too (a longer transaction
+        elsewhere holds it back): they are skipped, by pool."""
         await self._ensure_cursor()
         if after is None and self.db.dialect == "postgresql":
             async with self.db.reader.connect() as conn:
@@ -351,16 +393,25 @@ class Relay(Generic[F]):
                 async with conn.begin():  # one snapshot for the start and what is ahead of it
                     bounds = await outbox_bounds(conn)
                     ahead = await committed_ahead(conn)
-            return Subscription(self, event_filter, bounds.newest, ahead)
+                    # From now, for `pool.usage` too: every change a transaction still
+                    # running (or a later one) makes is stamped at or above this horizon
+                    # (app/events/usage.py).
+                    horizon = (await usage_changes(conn, None)).horizon
+            return Subscription(self, event_filter, bounds.newest, ahead, usage_from=horizon)
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
+            horizon = (await usage_changes(conn, None)).horizon  # as above
         if after is None:
-            return Subscription(self, event_filter, bounds.newest)
-        if after > bounds.newest:
+            return Subscription(self, event_filter, bounds.newest, usage_from=horizon)
+        point = after if isinstance(after, ResumePoint) else ResumePoint(after)
+        if point.position > bounds.newest or (point.usage is not None and point.usage > horizon):
             raise InvalidInput("the cursor is not one this service issued", field="after")
-        if bounds.expired(after):
+        if bounds.expired(point.position):
             raise cursor_expired()
-        return Subscription(self, event_filter, after)
+        # An outbox event's cursor says nothing of usage: every pool ever booked (stamps
+        # start at 1; 0 is a row no booking touched).
+        usage_from = point.usage if point.usage is not None else 1
+        return Subscription(self, event_filter, point.position, usage_from=usage_from)
 
     def attach(self, subscription: Subscription[F]) -> None:
         self._subscriptions.add(subscription)
@@ -470,6 +521,67 @@ class Relay(Generic[F]):
             return list(groups[0])
         return set().union(*groups)
 
+    async def _usage_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.usage_interval_s)
+            try:
+                await self.usage_round()
+            except Exception as exc:  # the database is away: the next round retries
+                log.warning("usage relay: %s: %s", type(exc).__name__, exc)
+
+    async def usage_round(self) -> None:
+        """One coalescing window's `pool.usage` events: one per changed pool to each live
+        subscription that accepts them and may see it."""
+        takers = [
+            s for s in self._subscriptions if s.live and s.usage_at is not None and not s.evicted
+        ]
+        if not takers:
+            return
+        since = min(s.usage_at for s in takers if s.usage_at is not None)
+        async with self._drain_reader.connect() as conn:
+            found = await usage_changes(conn, since)
+            if not found.changes:
+                for s in takers:
+                    s.usage_at = max(s.usage_at or 0, found.horizon)
+                return
+            self.usage_rounds += 1
+            moved: dict[str, set[str | None]] = defaultdict(set)
+            for change in found.changes:
+                moved[change.pool_id].add(change.tenant_id)
+            shown = await self._visibility.load_usage(
+                conn, {pool_id: frozenset(t) for pool_id, t in moved.items()}
+            )
+            for subscription in takers:
+                await self._offer_usage(subscription, found.changes, found.horizon, shown)
+
+    async def _offer_usage(
+        self,
+        subscription: Subscription[F],
+        changes: Collection[UsageChange],
+        horizon: int,
+        shown: ShownUsage[F],
+    ) -> None:
+        start = subscription.usage_at
+        if start is None:
+            return
+        moved: dict[str, set[str | None]] = defaultdict(set)
+        for change in changes:
+            if change.stamp >= start:
+                moved[change.pool_id].add(change.tenant_id)
+        events = []
+        for pool_id in sorted(moved):
+            event = await shown.readable(pool_id, frozenset(moved[pool_id]), subscription.filter)
+            if event is not None:
+                events.append(event)
+        # Only the round's last event says "everything below the horizon": resuming after
+        # an earlier one must still get the pools after it.
+        for i, event in enumerate(events):
+            usage = horizon if i == len(events) - 1 else start
+            if not subscription.offer(replace(event, usage=usage)):
+                return  # overflowed: usage_at went back to what was delivered
+        if subscription.live:
+            subscription.usage_at = max(start, horizon)
+
     async def _watch_stalls(self) -> None:
         loop = asyncio.get_running_loop()
         period = min(1.0, self._stall_timeout_s / 4)
@@ -514,4 +626,5 @@ def relay_for(db: Database, settings: Settings, visibility: Visibility[F]) -> Re
         poll_interval_s=settings.event_poll_interval_s,
         stall_timeout_s=settings.subscriber_stall_timeout_s,
         retention_s=settings.event_retention_s,
+        usage_interval_s=max(1, settings.usage_coalesce_ms) / 1000,
     )
