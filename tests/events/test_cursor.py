@@ -7,7 +7,17 @@ import base64
 import pytest
 
 from app.errors import InvalidInput
-from app.events.cursor import BIGINT_MAX, Position, decode_cursor, encode_cursor
+from app.events.cursor import (
+    BIGINT_MAX,
+    MAX_CURSOR_LENGTH,
+    Position,
+    ResumePoint,
+    decode_cursor,
+    decode_resume,
+    encode_cursor,
+    encode_resume,
+    encode_usage_cursor,
+)
 
 
 def _b64(raw: str) -> str:
@@ -73,3 +83,19 @@ def test_every_other_spelling_is_refused(raw: str) -> None:
 def test_malformed_strings_are_refused(cursor: str) -> None:
     with pytest.raises(InvalidInput):
         decode_cursor(cursor, field="after")
+
+
+def test_a_usage_cursor_carries_a_position_and_a_usage_horizon() -> None:
+    """`pool.usage` events' cursors (CONTRACT section 10): ev3:<tx>.<seq>.<usage>, one
+    spelling, tx 0 included; the longest fits the bound the inputs allow."""
+    point = ResumePoint(Position(0, 7), 12)
+    cursor = encode_usage_cursor(point.position, point.usage or 0)
+    assert cursor == _b64("ev3:0.7.12") == encode_resume(point)
+    assert decode_resume(cursor) == point
+    assert decode_cursor(cursor) == Position(0, 7)  # the outbox part
+    assert decode_resume(encode_cursor(Position(3, 4))) == ResumePoint(Position(3, 4), None)
+    longest = encode_usage_cursor(Position(BIGINT_MAX, BIGINT_MAX), BIGINT_MAX)
+    assert len(longest) == MAX_CURSOR_LENGTH and decode_resume(longest).usage == BIGINT_MAX
+    for raw in ("ev3:1.2", "ev3:1.2.3.4", "ev3:01.2.3", "ev3:1.2.", "ev3:1.2.9223372036854775808"):
+        with pytest.raises(InvalidInput):
+            decode_resume(_b64(raw))
