@@ -558,8 +558,9 @@ def test_console_lending_rows_equal_the_rest_answer(console: Demo, browser: Any)
 def test_console_applies_a_contract_shaped_usage_event_fed_in_the_page(
     console: Demo, browser: Any
 ) -> None:
-    """The service does not emit `pool.usage` yet: this feeds the page's event function a
-    `pool.usage` event shaped as CONTRACT section 10 says (rows after the change), and a
+    """Feeds the page's event function a `pool.usage` event shaped as CONTRACT section 10
+    says (rows after the change; test_console_bars_follow_a_booking_live has the service
+    send one), and a
     `pool.updated` carrying a `/displayName` change (issue 23's names), and checks what
     the bars, the lending view and the feed then show."""
     base, token, pool_id = console.base, console.token("acme-admin"), console.pool("h100")
@@ -633,7 +634,6 @@ def test_console_applies_a_contract_shaped_usage_event_fed_in_the_page(
     print(f"console: a contract-shaped pool.usage applied; screenshot {shot}")
 
 
-@pytest.mark.xfail(strict=True, reason="pool.usage not emitted yet")
 def test_console_bars_follow_a_booking_live(console: Demo, browser: Any) -> None:
     """End to end: a descendant books through its ancestor's offer, and the owner's open
     console shows the bars `pools/get` answers after it, from the events alone."""
