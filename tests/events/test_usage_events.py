@@ -12,9 +12,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from gql.transport.websockets import WebsocketsTransport
+from sqlalchemy import select
 
+from app.capacity import booking, booking_release
 from app.config import Settings
+from app.db.engine import Database
+from app.db.models import CapacityRow, QuotaRow
 from tests.events.conftest import served
 from tests.events.support import wait_until
 from tests.events.test_websocket import Stream, http_api, subscribed, ws_client
@@ -372,3 +377,61 @@ async def test_types_filters_take_pool_usage_and_other_types_stay_exactly_once(
     ]
     assert [e["data"]["version"] for e in clients[1].events] == versions
     assert {"pool.offered", "pool.usage"} <= {e["type"] for e in clients[2].events}
+
+
+async def stamps(db: Database, pool_id: str, tenant_id: str) -> list[int]:
+    """The stamps of the tenant's quota rows and the pool's capacity rows."""
+    async with db.reader.connect() as conn:
+        quota = await conn.execute(
+            select(QuotaRow.usage_tx).where(
+                QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == tenant_id
+            )
+        )
+        capacity = await conn.execute(
+            select(CapacityRow.usage_tx).where(CapacityRow.pool_id == pool_id)
+        )
+        return [*quota.scalars(), *capacity.scalars()]
+
+
+async def test_both_booking_paths_stamp_the_rows_they_move(
+    api: Api, fleet: Fleet, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-statement booking and release (PostgreSQL, an unnarrowed caller) and the
+    plain path (a caller narrowed by pool attributes; every call on SQLite) both stamp
+    `usage_tx`, each stamp above the ones before: they share the builders."""
+    s = await Scene.start(api, fleet)
+    pool_id = (await s.pool(gpuModel="H100"))["id"]
+    await fleet.node(pool_id, 8)
+    await s.offer(pool_id, "beta", {"gpu": 4})
+    await s.guest("beta")
+    callers = {
+        "one statement": await fleet.caller("beta", "admin"),
+        "plain": await fleet.caller("beta", "admin", gpuModel="H100"),
+    }
+    assert set(await stamps(db, pool_id, "beta")) == {0}  # no booking yet
+    answered: list[bool] = []  # whether the one statement answered each call
+
+    def spy(real: Any) -> Any:
+        async def call(*args: Any) -> Any:
+            answer = await real(*args)
+            answered.append(answer is not None)
+            return answer
+
+        return call
+
+    monkeypatch.setattr(booking, "book", spy(booking.book))
+    monkeypatch.setattr(booking_release, "release", spy(booking_release.release))
+    newest = 0
+    for token in callers.values():
+        booked = await s.reserve(pool_id, {"gpu": 1}, token, "beta")
+        after_booking = await stamps(db, pool_id, "beta")
+        assert min(after_booking) > newest, after_booking  # beta's row and the capacity row
+        newest = max(after_booking)
+        await s.release(booked["id"], token, "beta")
+        after_release = await stamps(db, pool_id, "beta")
+        assert min(after_release) > newest, after_release
+        newest = max(after_release)
+    if db.dialect == "postgresql":
+        assert answered == [True, True, False, False]
+    else:
+        assert not any(answered)
