@@ -69,7 +69,13 @@ from app.events.reader import (
     read_events,
 )
 from app.events.tasks import cancel_and_wait
-from app.events.usage import USAGE_EVENT, UsageChange, usage_changes
+from app.events.usage import (
+    USAGE_EVENT,
+    USAGE_ROUND_ROWS,
+    UsageChange,
+    UsageMark,
+    usage_changes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +168,11 @@ class Subscription(Generic[F]):
         # `start` (reader.committed_ahead): not delivered. Dropped once passed.
         self._ahead = ahead or {}
         self._ahead_until = max(self._ahead.values(), default=START)
-        # `pool.usage`: every change stamped below `usage_at` was offered to us, every one
-        # below `usage_delivered` delivered (module docstring). None: it takes none.
+        # `pool.usage`: every change up to the mark `usage_at` was offered to us, every one
+        # stamped below `usage_delivered` delivered (module docstring). None: it takes none.
         self.wants_usage = event_filter.types is None or USAGE_EVENT in event_filter.types
-        self.usage_at = usage_from if self.wants_usage else None
-        self.usage_delivered = self.usage_at
+        self.usage_delivered = usage_from if self.wants_usage else None
+        self.usage_at = None if self.usage_delivered is None else UsageMark(self.usage_delivered)
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -234,8 +240,8 @@ class Subscription(Generic[F]):
             self.live = False
             self.resyncs += 1
             # Usage mailed and dropped: sent again from what was delivered, once live.
-            if self.wants_usage:
-                self.usage_at = self.usage_delivered
+            if self.usage_delivered is not None:
+                self.usage_at = UsageMark(self.usage_delivered)
             return False
         return self.live
 
@@ -288,10 +294,14 @@ class Relay(Generic[F]):
         retention_s: float = 0,
         batch_size: int = 500,
         usage_interval_s: float = 0.1,
+        usage_round_rows: int = USAGE_ROUND_ROWS,
     ) -> None:
         self.queue_size = queue_size
         self.usage_interval_s = usage_interval_s
+        self.usage_round_rows = usage_round_rows  # rows one usage round reads at most
         self.usage_rounds = 0  # usage rounds that read changes (for tests)
+        self.usage_rows_read = 0  # rows the usage rounds read, in all
+        self.usage_rows_most = 0  # the most rows one usage round read
         self.cursor = START  # every event up to here has been offered to the subscriptions
         self.db = db
         self._visibility = visibility
@@ -531,7 +541,9 @@ class Relay(Generic[F]):
 
     async def usage_round(self) -> None:
         """One coalescing window's `pool.usage` events: one per changed pool to each live
-        subscription that accepts them and may see it."""
+        subscription that accepts them and may see it. It reads at most `usage_round_rows`
+        rows, the oldest stamps first, and each subscription's `usage_at` moves only as far
+        as they reach: the rest is read in the next rounds."""
         takers = [
             s for s in self._subscriptions if s.live and s.usage_at is not None and not s.evicted
         ]
@@ -539,10 +551,13 @@ class Relay(Generic[F]):
             return
         since = min(s.usage_at for s in takers if s.usage_at is not None)
         async with self._drain_reader.connect() as conn:
-            found = await usage_changes(conn, since)
+            found = await usage_changes(conn, since, limit=self.usage_round_rows)
+            self.usage_rows_read += found.rows
+            self.usage_rows_most = max(self.usage_rows_most, found.rows)
             if not found.changes:
                 for s in takers:
-                    s.usage_at = max(s.usage_at or 0, found.horizon)
+                    if s.usage_at is not None:
+                        s.usage_at = max(s.usage_at, found.reach)
                 return
             self.usage_rounds += 1
             moved: dict[str, set[str | None]] = defaultdict(set)
@@ -552,13 +567,13 @@ class Relay(Generic[F]):
                 conn, {pool_id: frozenset(t) for pool_id, t in moved.items()}
             )
             for subscription in takers:
-                await self._offer_usage(subscription, found.changes, found.horizon, shown)
+                await self._offer_usage(subscription, found.changes, found.reach, shown)
 
     async def _offer_usage(
         self,
         subscription: Subscription[F],
         changes: Collection[UsageChange],
-        horizon: int,
+        reach: UsageMark,
         shown: ShownUsage[F],
     ) -> None:
         start = subscription.usage_at
@@ -566,21 +581,24 @@ class Relay(Generic[F]):
             return
         moved: dict[str, set[str | None]] = defaultdict(set)
         for change in changes:
-            if change.stamp >= start:
+            if change.mark > start:
                 moved[change.pool_id].add(change.tenant_id)
         events = []
         for pool_id in sorted(moved):
             event = await shown.readable(pool_id, frozenset(moved[pool_id]), subscription.filter)
             if event is not None:
                 events.append(event)
-        # Only the round's last event says "everything below the horizon": resuming after
-        # an earlier one must still get the pools after it.
+        # Only the round's last event says "everything stamped below this": resuming after
+        # an earlier one must still get the pools after it. A cursor carries a stamp alone,
+        # so a mark inside one stamp's rows says "below that stamp" (a resume reads those
+        # rows again: state, not history).
+        upto = max(start, reach)
         for i, event in enumerate(events):
-            usage = horizon if i == len(events) - 1 else start
+            usage = upto.stamp if i == len(events) - 1 else start.stamp
             if not subscription.offer(replace(event, usage=usage)):
                 return  # overflowed: usage_at went back to what was delivered
         if subscription.live:
-            subscription.usage_at = max(start, horizon)
+            subscription.usage_at = upto
 
     async def _watch_stalls(self) -> None:
         loop = asyncio.get_running_loop()
@@ -627,4 +645,5 @@ def relay_for(db: Database, settings: Settings, visibility: Visibility[F]) -> Re
         stall_timeout_s=settings.subscriber_stall_timeout_s,
         retention_s=settings.event_retention_s,
         usage_interval_s=max(1, settings.usage_coalesce_ms) / 1000,
+        usage_round_rows=settings.usage_round_rows,
     )
