@@ -72,7 +72,7 @@ from app.events.tasks import cancel_and_wait
 from app.events.usage import (
     USAGE_EVENT,
     USAGE_ROUND_ROWS,
-    UsageChange,
+    UsageChanges,
     UsageMark,
     usage_changes,
 )
@@ -161,6 +161,7 @@ class Subscription(Generic[F]):
         start: Position,
         ahead: dict[str, Position] | None = None,
         usage_from: int | None = None,
+        usage_behind: bool = False,
     ) -> None:
         self.filter = event_filter
         self.last = start  # everything up to here is delivered or not for us
@@ -173,6 +174,8 @@ class Subscription(Generic[F]):
         self.wants_usage = event_filter.types is None or USAGE_EVENT in event_filter.types
         self.usage_delivered = usage_from if self.wants_usage else None
         self.usage_at = None if self.usage_delivered is None else UsageMark(self.usage_delivered)
+        # Resumed, or overflowed: catching up on usage until a read reaches the horizon.
+        self.usage_behind = usage_behind
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -242,6 +245,7 @@ class Subscription(Generic[F]):
             # Usage mailed and dropped: sent again from what was delivered, once live.
             if self.usage_delivered is not None:
                 self.usage_at = UsageMark(self.usage_delivered)
+                self.usage_behind = True
             return False
         return self.live
 
@@ -421,7 +425,9 @@ class Relay(Generic[F]):
         # An outbox event's cursor says nothing of usage: every pool ever booked (stamps
         # start at 1; 0 is a row no booking touched).
         usage_from = point.usage if point.usage is not None else 1
-        return Subscription(self, event_filter, point.position, usage_from=usage_from)
+        return Subscription(
+            self, event_filter, point.position, usage_from=usage_from, usage_behind=True
+        )
 
     def attach(self, subscription: Subscription[F]) -> None:
         self._subscriptions.add(subscription)
@@ -543,44 +549,72 @@ class Relay(Generic[F]):
         """One coalescing window's `pool.usage` events: one per changed pool to each live
         subscription that accepts them and may see it. It reads at most `usage_round_rows`
         rows, the oldest stamps first, and each subscription's `usage_at` moves only as far
-        as they reach: the rest is read in the next rounds."""
+        as they reach: the rest is read in the next rounds.
+
+        Subscriptions level with the horizon are read for first; those catching up
+        (`usage_behind`: resumed after a cursor, or after an overflow, until a read of
+        theirs reaches the horizon) with what is left of the bound, from the oldest of
+        their marks. So a client catching up (a resume
+        after an outbox cursor starts at stamp 1) neither reads more than the bound nor
+        holds back the others' usage."""
         takers = [
-            s for s in self._subscriptions if s.live and s.usage_at is not None and not s.evicted
+            (s, s.usage_at)
+            for s in self._subscriptions
+            if s.live and s.usage_at is not None and not s.evicted
         ]
         if not takers:
             return
-        since = min(s.usage_at for s in takers if s.usage_at is not None)
+        groups = [
+            group
+            for group in (
+                [(s, at) for s, at in takers if not s.usage_behind],
+                [(s, at) for s, at in takers if s.usage_behind],
+            )
+            if group
+        ]
+        budget = self.usage_round_rows
+        reads: list[tuple[list[Subscription[F]], UsageChanges]] = []
         async with self._drain_reader.connect() as conn:
-            found = await usage_changes(conn, since, limit=self.usage_round_rows)
-            self.usage_rows_read += found.rows
-            self.usage_rows_most = max(self.usage_rows_most, found.rows)
-            if not found.changes:
-                for s in takers:
-                    if s.usage_at is not None:
-                        s.usage_at = max(s.usage_at, found.reach)
+            for group in groups:
+                if budget < 1:
+                    break  # the rest waits for the next round, their marks unchanged
+                since = min(at for _, at in group)
+                found = await usage_changes(conn, since, limit=budget)
+                budget -= found.rows
+                reads.append(([s for s, _ in group], found))
+            read = self.usage_round_rows - budget
+            self.usage_rows_read += read
+            self.usage_rows_most = max(self.usage_rows_most, read)
+            moved: dict[str, set[str | None]] = defaultdict(set)
+            for _, found in reads:
+                for change in found.changes:
+                    moved[change.pool_id].add(change.tenant_id)
+            if not moved:
+                for subscriptions, found in reads:
+                    for s in subscriptions:
+                        if s.usage_at is not None:
+                            s.usage_at = max(s.usage_at, found.reach)
+                            s.usage_behind = s.usage_behind and not found.complete
                 return
             self.usage_rounds += 1
-            moved: dict[str, set[str | None]] = defaultdict(set)
-            for change in found.changes:
-                moved[change.pool_id].add(change.tenant_id)
             shown = await self._visibility.load_usage(
                 conn, {pool_id: frozenset(t) for pool_id, t in moved.items()}
             )
-            for subscription in takers:
-                await self._offer_usage(subscription, found.changes, found.reach, shown)
+            for subscriptions, found in reads:
+                for subscription in subscriptions:
+                    await self._offer_usage(subscription, found, shown)
 
     async def _offer_usage(
         self,
         subscription: Subscription[F],
-        changes: Collection[UsageChange],
-        reach: UsageMark,
+        found: UsageChanges,
         shown: ShownUsage[F],
     ) -> None:
         start = subscription.usage_at
         if start is None:
             return
         moved: dict[str, set[str | None]] = defaultdict(set)
-        for change in changes:
+        for change in found.changes:
             if change.mark > start:
                 moved[change.pool_id].add(change.tenant_id)
         events = []
@@ -592,13 +626,14 @@ class Relay(Generic[F]):
         # an earlier one must still get the pools after it. A cursor carries a stamp alone,
         # so a mark inside one stamp's rows says "below that stamp" (a resume reads those
         # rows again: state, not history).
-        upto = max(start, reach)
+        upto = max(start, found.reach)
         for i, event in enumerate(events):
             usage = upto.stamp if i == len(events) - 1 else start.stamp
             if not subscription.offer(replace(event, usage=usage)):
                 return  # overflowed: usage_at went back to what was delivered
         if subscription.live:
             subscription.usage_at = upto
+            subscription.usage_behind = subscription.usage_behind and not found.complete
 
     async def _watch_stalls(self) -> None:
         loop = asyncio.get_running_loop()

@@ -130,6 +130,11 @@ class UsageChanges:
     changes: tuple[UsageChange, ...]
     rows: int = 0
 
+    @property
+    def complete(self) -> bool:
+        """Whether the read reached the horizon (it stopped short of the limit)."""
+        return self.reach == UsageMark(self.horizon)
+
 
 def _after(mark: UsageMark, stamp: Any, key: tuple[Any, ...]) -> Any:
     """Rows past `mark`, below it on the stamp (the read's range starts at mark.stamp)."""

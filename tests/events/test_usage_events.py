@@ -581,3 +581,54 @@ async def test_one_statement_stamping_more_rows_than_the_bound_is_delivered(
         assert {p: again.states[p] for p in later} == later
         assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
         await again.close()
+
+
+async def test_a_subscriber_catching_up_does_not_hold_back_one_that_is_level(
+    database_url: str, fleet: Fleet
+) -> None:
+    """While one subscriber resumed after an outbox cursor works through a backlog (rounds
+    of at most `usage_round_rows` rows), one level with the horizon still gets a new
+    booking's usage in the next rounds, not after the backlog."""
+    settings = Settings(database_url=database_url, usage_coalesce_ms=300, usage_round_rows=BOUND)
+    async with served(settings) as (app, address), http_api(address) as api:
+        relay = app.state.relay
+        s = await Scene.start(api, fleet)
+        pools = [(await s.pool())["id"] for _ in range(13)]
+        for pool_id in pools:
+            await fleet.node(pool_id, 4)
+            await s.offer(pool_id, "acme", {"gpu": 4})
+        backlog, fresh = pools[:-1], pools[-1]
+        stream = Stream(ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme")
+        await subscribed(app, 1)
+        away = PoolsClient(stream, {})
+        await s.offer(pools[0], "acme", {"gpu": 3})
+        await wait_until(lambda: any(e["type"] == "pool.offered" for e in away.events), WAIT_S)
+        await away.close()
+        plain = [e for e in away.events if e["type"] == "pool.offered"][-1]["cursor"]
+        for pool_id in backlog:
+            await s.reserve(pool_id, {"gpu": 1})
+
+        level = PoolsClient(
+            Stream(
+                ws_client(address, s.token, PROTOCOL),
+                EVENTS,
+                tenantId="acme",
+                types=["pool.usage"],
+            ),
+            await refetch_all(api, s.token, "acme", [fresh]),
+        )
+        await subscribed(app, 1)
+        behind = PoolsClient(
+            Stream(ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme", after=plain),
+            await refetch_all(api, s.token, "acme", backlog),
+        )
+        await wait_until(lambda: bool(behind.usage()), WAIT_S)  # live and catching up
+        await s.reserve(fresh, {"gpu": 2})
+        expected = await refetch_all(api, s.token, "acme", [fresh])
+        await until_all_equal(level, expected)
+        caught_up = {e["poolId"] for e in behind.usage()}
+        assert caught_up < set(backlog), caught_up  # the backlog was not through yet
+        await until_all_equal(behind, await refetch_all(api, s.token, "acme", backlog))
+        assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
+        for client in (level, behind):
+            await client.close()
