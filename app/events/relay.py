@@ -30,17 +30,23 @@ newest position it was told of and no committed event waits above the horizon, s
 delivery follows the horizon closely even when a wake-up was lost.
 
 `pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
-`usage_interval_s` the relay reads a usage horizon and the pools whose quota or capacity
-rows a booking or release stamped since the last round (app/events/usage.py), and mails
-each live subscription that accepts `pool.usage` one event per pool, with the rows its
-own query shows now (the domain's `load_usage`). Each subscription keeps the horizon
-through which it was offered every change (`usage_at`); a usage event's cursor carries
-the last outbox position the subscription delivered and, on the last event of a round,
-that round's horizon (on the others the round's start, so resuming after any of them
-misses no pool of the round). A subscription resumed after such a cursor, or one whose
+`usage_interval_s` the relay reads a usage horizon and the rows a booking or release
+stamped since the last round (app/events/usage.py), at most `usage_round_rows` of them,
+oldest stamp first, and mails each live subscription that accepts `pool.usage` one event
+per pool, with the rows its own query shows now (the domain's `load_usage`). Each
+subscription keeps the mark through which it was offered every change (`usage_at`: a
+stamp, and within it a row key); it moves only as far as the round read, so a backlog
+is sent over the next rounds. A usage event's cursor carries the last outbox position
+the subscription delivered and, on the last event of a round, the stamp of the mark the
+round reached (on the others the round's start, so resuming after any of them misses no
+pool of the round; a mark inside one stamp's rows is carried as that stamp, so a resume
+reads those rows again). A subscription resumed after such a cursor, or one whose
 mailbox overflowed, is sent the latest usage of every pool stamped since its horizon once
 it is live again; one resumed after an outbox event's cursor (which says nothing of
-usage), that of every pool ever booked that it may see.
+usage), that of every pool ever booked that it may see, over as many rounds as it takes.
+Subscriptions level with the horizon are read for first and those catching up
+(`usage_behind`) with what is left of the round's rows, so a reconnecting client costs
+no more than the bound and does not hold back the others' usage.
 """
 
 from __future__ import annotations

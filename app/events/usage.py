@@ -20,6 +20,21 @@ in [since, h):
 
 Either way a row stamped below h is in the snapshot and a row that is not yet visible is
 stamped at or above h, so reading [since, h) and then [h, h') misses no change.
+
+One read is bounded: it takes at most `limit` rows (`usage_round_rows`, default
+`USAGE_ROUND_ROWS`), in (stamp, key) order, key = (pool, quota tenant or "" for a capacity
+row, resource), unique per row. Where it stops is a `UsageMark` (the last row read; the
+horizon itself when fewer rows were left), and the next read starts past that mark, so a
+backlog (a resume after an outbox cursor reads from stamp 1) is read over several reads,
+oldest first, and one stamp shared by more rows than the limit (one transaction on
+PostgreSQL, one statement on SQLite) is read across several too: every read past a mark
+that is below h returns at least one row, so each moves on. A mark below h stays valid: a
+row written after the read is stamped at or above h, so never at a mark's stamp, and a
+row stamped again moves up (its newer stamp is read later). Each table's part stops after
+`limit` rows of its `usage_tx` index order (plus, on PostgreSQL, the rest of the last
+stamp's rows for the sort), so the database does bounded work too. Keys are compared
+byte by byte (`COLLATE "C"` on PostgreSQL, SQLite's BINARY), as Python compares the
+marks.
 """
 
 from __future__ import annotations
