@@ -560,9 +560,8 @@ class Relay(Generic[F]):
         Subscriptions level with the horizon are read for first; those catching up
         (`usage_behind`: resumed after a cursor, or after an overflow, until a read of
         theirs reaches the horizon) with what is left of the bound, from the oldest of
-        their marks. So a client catching up (a resume
-        after an outbox cursor starts at stamp 1) neither reads more than the bound nor
-        holds back the others' usage."""
+        their marks. So a client catching up (a resume after an outbox cursor starts at
+        stamp 1) neither reads more than the bound nor holds back the others' usage."""
         takers = [
             (s, s.usage_at)
             for s in self._subscriptions
