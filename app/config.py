@@ -141,6 +141,12 @@ class Settings(BaseSettings):
         "`pool.usage`: at most one event per pool per subscriber this often (ms); each "
         "relay reads the pools bookings and releases moved once per window",
     )
+    usage_round_rows: int = Field(
+        1000,  # app/events/usage.py, USAGE_ROUND_ROWS
+        ge=1,
+        description="`pool.usage`: quota and capacity rows each relay reads at most per "
+        "window, oldest stamp first; the rest waits for the next windows",
+    )
     broker_probe_interval_s: float = setting(
         2.0, "how often each process checks its broker subscription", env="BROKER_PROBE_SECONDS"
     )

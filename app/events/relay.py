@@ -30,17 +30,23 @@ newest position it was told of and no committed event waits above the horizon, s
 delivery follows the horizon closely even when a wake-up was lost.
 
 `pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
-`usage_interval_s` the relay reads a usage horizon and the pools whose quota or capacity
-rows a booking or release stamped since the last round (app/events/usage.py), and mails
-each live subscription that accepts `pool.usage` one event per pool, with the rows its
-own query shows now (the domain's `load_usage`). Each subscription keeps the horizon
-through which it was offered every change (`usage_at`); a usage event's cursor carries
-the last outbox position the subscription delivered and, on the last event of a round,
-that round's horizon (on the others the round's start, so resuming after any of them
-misses no pool of the round). A subscription resumed after such a cursor, or one whose
+`usage_interval_s` the relay reads a usage horizon and the rows a booking or release
+stamped since the last round (app/events/usage.py), at most `usage_round_rows` of them,
+oldest stamp first, and mails each live subscription that accepts `pool.usage` one event
+per pool, with the rows its own query shows now (the domain's `load_usage`). Each
+subscription keeps the mark through which it was offered every change (`usage_at`: a
+stamp, and within it a row key); it moves only as far as the round read, so a backlog
+is sent over the next rounds. A usage event's cursor carries the last outbox position
+the subscription delivered and, on the last event of a round, the stamp of the mark the
+round reached (on the others the round's start, so resuming after any of them misses no
+pool of the round; a mark inside one stamp's rows is carried as that stamp, so a resume
+reads those rows again). A subscription resumed after such a cursor, or one whose
 mailbox overflowed, is sent the latest usage of every pool stamped since its horizon once
 it is live again; one resumed after an outbox event's cursor (which says nothing of
-usage), that of every pool ever booked that it may see.
+usage), that of every pool ever booked that it may see, over as many rounds as it takes.
+Subscriptions level with the horizon are read for first and those catching up
+(`usage_behind`) with what is left of the round's rows, so a reconnecting client costs
+no more than the bound and does not hold back the others' usage.
 """
 
 from __future__ import annotations
@@ -69,7 +75,13 @@ from app.events.reader import (
     read_events,
 )
 from app.events.tasks import cancel_and_wait
-from app.events.usage import USAGE_EVENT, UsageChange, usage_changes
+from app.events.usage import (
+    USAGE_EVENT,
+    USAGE_ROUND_ROWS,
+    UsageChanges,
+    UsageMark,
+    usage_changes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +167,7 @@ class Subscription(Generic[F]):
         start: Position,
         ahead: dict[str, Position] | None = None,
         usage_from: int | None = None,
+        usage_behind: bool = False,
     ) -> None:
         self.filter = event_filter
         self.last = start  # everything up to here is delivered or not for us
@@ -162,11 +175,13 @@ class Subscription(Generic[F]):
         # `start` (reader.committed_ahead): not delivered. Dropped once passed.
         self._ahead = ahead or {}
         self._ahead_until = max(self._ahead.values(), default=START)
-        # `pool.usage`: every change stamped below `usage_at` was offered to us, every one
-        # below `usage_delivered` delivered (module docstring). None: it takes none.
+        # `pool.usage`: every change up to the mark `usage_at` was offered to us, every one
+        # stamped below `usage_delivered` delivered (module docstring). None: it takes none.
         self.wants_usage = event_filter.types is None or USAGE_EVENT in event_filter.types
-        self.usage_at = usage_from if self.wants_usage else None
-        self.usage_delivered = self.usage_at
+        self.usage_delivered = usage_from if self.wants_usage else None
+        self.usage_at = None if self.usage_delivered is None else UsageMark(self.usage_delivered)
+        # Resumed, or overflowed: catching up on usage until a read reaches the horizon.
+        self.usage_behind = usage_behind
         self.live = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
@@ -234,8 +249,9 @@ class Subscription(Generic[F]):
             self.live = False
             self.resyncs += 1
             # Usage mailed and dropped: sent again from what was delivered, once live.
-            if self.wants_usage:
-                self.usage_at = self.usage_delivered
+            if self.usage_delivered is not None:
+                self.usage_at = UsageMark(self.usage_delivered)
+                self.usage_behind = True
             return False
         return self.live
 
@@ -288,10 +304,14 @@ class Relay(Generic[F]):
         retention_s: float = 0,
         batch_size: int = 500,
         usage_interval_s: float = 0.1,
+        usage_round_rows: int = USAGE_ROUND_ROWS,
     ) -> None:
         self.queue_size = queue_size
         self.usage_interval_s = usage_interval_s
+        self.usage_round_rows = usage_round_rows  # rows one usage round reads at most
         self.usage_rounds = 0  # usage rounds that read changes (for tests)
+        self.usage_rows_read = 0  # rows the usage rounds read, in all
+        self.usage_rows_most = 0  # the most rows one usage round read
         self.cursor = START  # every event up to here has been offered to the subscriptions
         self.db = db
         self._visibility = visibility
@@ -411,7 +431,9 @@ class Relay(Generic[F]):
         # An outbox event's cursor says nothing of usage: every pool ever booked (stamps
         # start at 1; 0 is a row no booking touched).
         usage_from = point.usage if point.usage is not None else 1
-        return Subscription(self, event_filter, point.position, usage_from=usage_from)
+        return Subscription(
+            self, event_filter, point.position, usage_from=usage_from, usage_behind=True
+        )
 
     def attach(self, subscription: Subscription[F]) -> None:
         self._subscriptions.add(subscription)
@@ -531,56 +553,92 @@ class Relay(Generic[F]):
 
     async def usage_round(self) -> None:
         """One coalescing window's `pool.usage` events: one per changed pool to each live
-        subscription that accepts them and may see it."""
+        subscription that accepts them and may see it. It reads at most `usage_round_rows`
+        rows, the oldest stamps first, and each subscription's `usage_at` moves only as far
+        as they reach: the rest is read in the next rounds.
+
+        Subscriptions level with the horizon are read for first; those catching up
+        (`usage_behind`: resumed after a cursor, or after an overflow, until a read of
+        theirs reaches the horizon) with what is left of the bound, from the oldest of
+        their marks. So a client catching up (a resume after an outbox cursor starts at
+        stamp 1) neither reads more than the bound nor holds back the others' usage."""
         takers = [
-            s for s in self._subscriptions if s.live and s.usage_at is not None and not s.evicted
+            (s, s.usage_at)
+            for s in self._subscriptions
+            if s.live and s.usage_at is not None and not s.evicted
         ]
         if not takers:
             return
-        since = min(s.usage_at for s in takers if s.usage_at is not None)
+        groups = [
+            group
+            for group in (
+                [(s, at) for s, at in takers if not s.usage_behind],
+                [(s, at) for s, at in takers if s.usage_behind],
+            )
+            if group
+        ]
+        budget = self.usage_round_rows
+        reads: list[tuple[list[Subscription[F]], UsageChanges]] = []
         async with self._drain_reader.connect() as conn:
-            found = await usage_changes(conn, since)
-            if not found.changes:
-                for s in takers:
-                    s.usage_at = max(s.usage_at or 0, found.horizon)
+            for group in groups:
+                if budget < 1:
+                    break  # the rest waits for the next round, their marks unchanged
+                since = min(at for _, at in group)
+                found = await usage_changes(conn, since, limit=budget)
+                budget -= found.rows
+                reads.append(([s for s, _ in group], found))
+            read = self.usage_round_rows - budget
+            self.usage_rows_read += read
+            self.usage_rows_most = max(self.usage_rows_most, read)
+            moved: dict[str, set[str | None]] = defaultdict(set)
+            for _, found in reads:
+                for change in found.changes:
+                    moved[change.pool_id].add(change.tenant_id)
+            if not moved:
+                for subscriptions, found in reads:
+                    for s in subscriptions:
+                        if s.usage_at is not None:
+                            s.usage_at = max(s.usage_at, found.reach)
+                            s.usage_behind = s.usage_behind and not found.complete
                 return
             self.usage_rounds += 1
-            moved: dict[str, set[str | None]] = defaultdict(set)
-            for change in found.changes:
-                moved[change.pool_id].add(change.tenant_id)
             shown = await self._visibility.load_usage(
                 conn, {pool_id: frozenset(t) for pool_id, t in moved.items()}
             )
-            for subscription in takers:
-                await self._offer_usage(subscription, found.changes, found.horizon, shown)
+            for subscriptions, found in reads:
+                for subscription in subscriptions:
+                    await self._offer_usage(subscription, found, shown)
 
     async def _offer_usage(
         self,
         subscription: Subscription[F],
-        changes: Collection[UsageChange],
-        horizon: int,
+        found: UsageChanges,
         shown: ShownUsage[F],
     ) -> None:
         start = subscription.usage_at
         if start is None:
             return
         moved: dict[str, set[str | None]] = defaultdict(set)
-        for change in changes:
-            if change.stamp >= start:
+        for change in found.changes:
+            if change.mark > start:
                 moved[change.pool_id].add(change.tenant_id)
         events = []
         for pool_id in sorted(moved):
             event = await shown.readable(pool_id, frozenset(moved[pool_id]), subscription.filter)
             if event is not None:
                 events.append(event)
-        # Only the round's last event says "everything below the horizon": resuming after
-        # an earlier one must still get the pools after it.
+        # Only the round's last event says "everything stamped below this": resuming after
+        # an earlier one must still get the pools after it. A cursor carries a stamp alone,
+        # so a mark inside one stamp's rows says "below that stamp" (a resume reads those
+        # rows again: state, not history).
+        upto = max(start, found.reach)
         for i, event in enumerate(events):
-            usage = horizon if i == len(events) - 1 else start
+            usage = upto.stamp if i == len(events) - 1 else start.stamp
             if not subscription.offer(replace(event, usage=usage)):
                 return  # overflowed: usage_at went back to what was delivered
         if subscription.live:
-            subscription.usage_at = max(start, horizon)
+            subscription.usage_at = upto
+            subscription.usage_behind = subscription.usage_behind and not found.complete
 
     async def _watch_stalls(self) -> None:
         loop = asyncio.get_running_loop()
@@ -627,4 +685,5 @@ def relay_for(db: Database, settings: Settings, visibility: Visibility[F]) -> Re
         stall_timeout_s=settings.subscriber_stall_timeout_s,
         retention_s=settings.event_retention_s,
         usage_interval_s=max(1, settings.usage_coalesce_ms) / 1000,
+        usage_round_rows=settings.usage_round_rows,
     )

@@ -20,6 +20,21 @@ in [since, h):
 
 Either way a row stamped below h is in the snapshot and a row that is not yet visible is
 stamped at or above h, so reading [since, h) and then [h, h') misses no change.
+
+One read is bounded: it takes at most `limit` rows (`usage_round_rows`, default
+`USAGE_ROUND_ROWS`), in (stamp, key) order, key = (pool, quota tenant or "" for a capacity
+row, resource), unique per row. Where it stops is a `UsageMark` (the last row read; the
+horizon itself when fewer rows were left), and the next read starts past that mark, so a
+backlog (a resume after an outbox cursor reads from stamp 1) is read over several reads,
+oldest first, and one stamp shared by more rows than the limit (one transaction on
+PostgreSQL, one statement on SQLite) is read across several too: every read past a mark
+that is below h returns at least one row, so each moves on. A mark below h stays valid: a
+row written after the read is stamped at or above h, so never at a mark's stamp, and a
+row stamped again moves up (its newer stamp is read later). Each table's part stops after
+`limit` rows of its `usage_tx` index order (plus, on PostgreSQL, the rest of the last
+stamp's rows for the sort), so the database does bounded work too. Keys are compared
+byte by byte (`COLLATE "C"` on PostgreSQL, SQLite's BINARY), as Python compares the
+marks.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, func, literal, null, select, true, union_all
+from sqlalchemy import BigInteger, String, and_, literal, or_, select, true, union_all
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -36,6 +51,8 @@ from app.db.engine import Executor
 from app.db.models import CapacityRow, QuotaRow
 
 USAGE_EVENT: Final = "pool.usage"
+# Rows one read takes at most (the default of `usage_round_rows`, app/config.py).
+USAGE_ROUND_ROWS: Final = 1000
 
 _SQLITE_NEWEST = (
     "(SELECT max(m) FROM (SELECT coalesce(max(usage_tx), 0) AS m FROM quota_rows"
@@ -79,63 +96,135 @@ def _horizon_pg(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
     return "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 
 
+class _Bytewise(FunctionElement[str]):
+    """A text value ordered byte by byte (by code point), as Python orders `str`: the
+    relay compares marks in Python and the statement in SQL, so both must agree."""
+
+    type = String()
+    name = "bytewise"
+    inherit_cache = True
+
+
+@compiles(_Bytewise)
+def _bytewise(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)  # SQLite's BINARY collation
+
+
+@compiles(_Bytewise, "postgresql")
+def _bytewise_pg(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
+    return f'({compiler.process(element.clauses, **kw)} COLLATE "C")'
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class UsageMark:
+    """How far the stamps are read: every row stamped below `stamp`, and of those stamped
+    `stamp` every row whose key (pool, quota tenant or "" for capacity, resource) is at
+    most `key` (none when `key` is empty). Ordered as the rows are read."""
+
+    stamp: int
+    key: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class UsageChange:
     """A row set whose usage moved: the pool, the quota rows' tenant (None for the pool's
-    capacity rows) and the newest stamp among them."""
+    capacity rows) and the mark of the last of its rows read."""
 
     pool_id: str
     tenant_id: str | None
-    stamp: int
+    mark: UsageMark
 
 
 @dataclass(frozen=True, slots=True)
 class UsageChanges:
+    """The horizon, how far this read reaches (`reach`: the horizon itself, or the last row
+    read when the read stopped at its limit), the row sets read and how many rows."""
+
     horizon: int
+    reach: UsageMark
     changes: tuple[UsageChange, ...]
+    rows: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the read reached the horizon (it stopped short of the limit)."""
+        return self.reach == UsageMark(self.horizon)
 
 
-def _changed(since: Any, horizon: Any) -> Any:
-    quota = (
-        select(
-            QuotaRow.pool_id.label("pool_id"),
-            QuotaRow.tenant_id.label("tenant_id"),
-            func.max(QuotaRow.usage_tx).label("stamp"),
+def _after(mark: UsageMark, stamp: Any, key: tuple[Any, ...]) -> Any:
+    """Rows past `mark`, below it on the stamp (the read's range starts at mark.stamp)."""
+    if not mark.key:
+        return true()
+    past: Any = _Bytewise(key[-1]) > mark.key[-1]
+    for column, value in zip(reversed(key[:-1]), reversed(mark.key[:-1]), strict=True):
+        past = or_(_Bytewise(column) > value, and_(column == value, past))
+    return or_(stamp > mark.stamp, past)
+
+
+def _stamped(since: UsageMark, horizon: Any, limit: int) -> Any:
+    """The first `limit` rows past `since` stamped below `horizon`, in (stamp, key) order,
+    of either table: each table's read stops after `limit` rows of its index order."""
+    reads = []
+    for stamp, key in (
+        (QuotaRow.usage_tx, (QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource)),
+        (CapacityRow.usage_tx, (CapacityRow.pool_id, literal(""), CapacityRow.resource)),
+    ):
+        read = (
+            select(
+                key[0].label("pool_id"),
+                key[1].label("tenant_key"),
+                key[2].label("resource"),
+                stamp.label("stamp"),
+            )
+            .where(stamp >= since.stamp, stamp < horizon, _after(since, stamp, key))
+            .order_by(stamp, *(_Bytewise(c) for c in key))
+            .limit(limit)
+            .subquery()
         )
-        .where(QuotaRow.usage_tx >= since, QuotaRow.usage_tx < horizon)
-        .group_by(QuotaRow.pool_id, QuotaRow.tenant_id)
-    )
-    capacity = (
-        select(
-            CapacityRow.pool_id.label("pool_id"),
-            null().label("tenant_id"),
-            func.max(CapacityRow.usage_tx).label("stamp"),
-        )
-        .where(CapacityRow.usage_tx >= since, CapacityRow.usage_tx < horizon)
-        .group_by(CapacityRow.pool_id)
-    )
-    return union_all(quota, capacity).subquery("changed")
+        reads.append(select(*read.c))
+    return union_all(*reads).subquery("stamped")
 
 
-async def usage_changes(executor: Executor, since: int | None) -> UsageChanges:
-    """The horizon now and, with `since`, every row set stamped in [since, horizon), read in
-    one statement. Without `since`, the horizon alone (a starting point)."""
+async def usage_changes(
+    executor: Executor, since: UsageMark | None, *, limit: int = USAGE_ROUND_ROWS
+) -> UsageChanges:
+    """The horizon now and, with `since`, the first `limit` rows past it stamped below the
+    horizon (stamp, then key order), read in one statement and grouped into row sets.
+    Without `since`, the horizon alone (a starting point)."""
     h = select(UsageHorizon().label("h")).cte("h")
     if since is None:
-        return UsageChanges(int((await executor.execute(select(h.c.h))).scalar_one()), ())
-    changed = _changed(literal(since, BigInteger()), select(h.c.h).scalar_subquery())
+        horizon = int((await executor.execute(select(h.c.h))).scalar_one())
+        return UsageChanges(horizon, UsageMark(horizon), ())
+    if limit < 1:
+        raise ValueError("a usage read takes at least one row")
+    stamped = _stamped(since, select(h.c.h).scalar_subquery(), limit)
+    key = (stamped.c.pool_id, stamped.c.tenant_key, stamped.c.resource)
     rows = (
         await executor.execute(
-            select(h.c.h, changed.c.pool_id, changed.c.tenant_id, changed.c.stamp)
+            select(h.c.h, stamped.c.stamp, *key)
             .select_from(h)
-            .outerjoin(changed, true())
-            .order_by(changed.c.pool_id, changed.c.tenant_id)
+            .outerjoin(stamped, true())
+            .order_by(stamped.c.stamp, *(_Bytewise(c) for c in key))
+            .limit(limit)
         )
     ).all()
     horizon = int(rows[0].h)
+    marks = [
+        UsageMark(int(r.stamp), (r.pool_id, r.tenant_key, r.resource))
+        for r in rows
+        if r.pool_id is not None
+    ]
+    marks.sort()  # as the statement ordered them
+    reach = marks[-1] if len(marks) == limit else UsageMark(horizon)
+    last: dict[tuple[str, str], UsageMark] = {}
+    for mark in marks:
+        last[mark.key[0], mark.key[1]] = mark  # ascending: the last one is the largest
     return UsageChanges(
         horizon,
+        reach,
         tuple(
-            UsageChange(r.pool_id, r.tenant_id, int(r.stamp)) for r in rows if r.pool_id is not None
+            UsageChange(pool_id, tenant or None, mark)
+            for (pool_id, tenant), mark in sorted(last.items())
         ),
+        len(marks),
     )

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 from gql.transport.websockets import WebsocketsTransport
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.capacity import booking, booking_release
 from app.config import Settings
 from app.db.engine import Database
 from app.db.models import CapacityRow, QuotaRow
+from app.events.usage import UsageStamp
 from tests.events.conftest import served
 from tests.events.support import wait_until
 from tests.events.test_websocket import Stream, http_api, subscribed, ws_client
@@ -57,6 +58,17 @@ async def refetch(api: Api, token: str, tenant: str, pool_id: str) -> Json:
     return {"quotas": quotas, "capacity": capacity, "version": pool["version"]}
 
 
+def apply(state: Json, data: Json) -> None:
+    """Patches a held state with a `pool.usage` event's rows."""
+    for q in data["quotas"]:
+        state["quotas"][(q["tenantId"], q["resource"])] = (q["max"], q["used"])
+    if "capacity" in data and state["capacity"] is not None:
+        capacity = dict(state["capacity"])
+        for c in data["capacity"]:
+            capacity[c["resource"]] = (c["booked"], c["available"])
+        state["capacity"] = capacity
+
+
 class Client:
     """A live client: the state it fetched, patched with every `pool.usage` it receives."""
 
@@ -78,14 +90,7 @@ class Client:
             if event["type"] != "pool.usage" or event["poolId"] != self.pool_id:
                 continue
             self.received.append(time.monotonic())
-            data = event["data"]
-            for q in data["quotas"]:
-                self.state["quotas"][(q["tenantId"], q["resource"])] = (q["max"], q["used"])
-            if "capacity" in data and self.state["capacity"] is not None:
-                capacity = dict(self.state["capacity"])
-                for c in data["capacity"]:
-                    capacity[c["resource"]] = (c["booked"], c["available"])
-                self.state["capacity"] = capacity
+            apply(self.state, event["data"])
             self.states.append(
                 {"quotas": dict(self.state["quotas"]), "capacity": self.state["capacity"]}
             )
@@ -97,6 +102,45 @@ class Client:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
         await self.stream.close()
+
+
+class PoolsClient:
+    """A live client of several pools: the state it fetched of each, patched with every
+    `pool.usage` it receives."""
+
+    def __init__(self, stream: Stream, states: dict[str, Json]) -> None:
+        self.stream = stream
+        self.states = {
+            p: {"quotas": dict(x["quotas"]), "capacity": x["capacity"]} for p, x in states.items()
+        }
+        self.events: list[Json] = []
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            event = await self.stream.next()
+            self.events.append(event)
+            if event["type"] == "pool.usage" and event["poolId"] in self.states:
+                apply(self.states[event["poolId"]], event["data"])
+
+    def usage(self) -> list[Json]:
+        return [e for e in self.events if e["type"] == "pool.usage"]
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.stream.close()
+
+
+async def refetch_all(api: Api, token: str, tenant: str, pools: list[str]) -> dict[str, Json]:
+    return {pool_id: held(await refetch(api, token, tenant, pool_id)) for pool_id in pools}
+
+
+async def until_all_equal(client: PoolsClient, expected: dict[str, Json]) -> None:
+    try:
+        await wait_until(lambda: client.states == expected, within_s=WAIT_S)
+    except AssertionError:
+        raise AssertionError(f"held {client.states}, refetched {expected}") from None
 
 
 def held(expected: Json) -> Json:
@@ -435,3 +479,156 @@ async def test_both_booking_paths_stamp_the_rows_they_move(
         assert answered == [True, True, False, False]
     else:
         assert not any(answered)
+
+
+BOUND = 3  # usage_round_rows in the tests below: fewer than the rows they stamp
+
+
+async def test_a_resume_after_an_outbox_cursor_is_read_a_bounded_batch_per_round(
+    database_url: str, fleet: Fleet
+) -> None:
+    """Resumed after an outbox event's cursor (usage from stamp 1: every pool ever booked),
+    a subscriber gets the latest usage of all eight booked pools over several rounds, each
+    reading at most `usage_round_rows` rows, and what it applied equals a refetch."""
+    settings = Settings(database_url=database_url, usage_coalesce_ms=50, usage_round_rows=BOUND)
+    async with served(settings) as (app, address), http_api(address) as api:
+        relay = app.state.relay
+        s = await Scene.start(api, fleet)
+        pools = [(await s.pool())["id"] for _ in range(8)]
+        for pool_id in pools:
+            await fleet.node(pool_id, 4)
+            await s.offer(pool_id, "acme", {"gpu": 4})
+        stream = Stream(ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme")
+        await subscribed(app, 1)
+        away = PoolsClient(stream, {})
+        await s.offer(pools[0], "acme", {"gpu": 3})
+        await wait_until(lambda: any(e["type"] == "pool.offered" for e in away.events), WAIT_S)
+        await away.close()
+        plain = [e for e in away.events if e["type"] == "pool.offered"][-1]["cursor"]
+        fetched = await refetch_all(api, s.token, "acme", pools)
+        for i, pool_id in enumerate(pools):
+            await s.reserve(pool_id, {"gpu": 1 + i % 3})
+        expected = await refetch_all(api, s.token, "acme", pools)
+        assert all(expected[p] != fetched[p] for p in pools)
+        rounds = relay.usage_rounds
+
+        resumed = Stream(
+            ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme", after=plain
+        )
+        client = PoolsClient(resumed, fetched)
+        await until_all_equal(client, expected)
+        assert {e["poolId"] for e in client.usage()} == set(pools)
+        assert [e["type"] for e in client.events] == ["pool.usage"] * len(client.events)
+        # Every pool stamped at least one row: more rows than one round may read.
+        assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
+        assert relay.usage_rounds - rounds >= -(-len(pools) // BOUND)
+        assert relay.usage_rows_read >= len(pools)
+        await client.close()
+
+
+async def test_one_statement_stamping_more_rows_than_the_bound_is_delivered(
+    database_url: str, fleet: Fleet
+) -> None:
+    """One statement (one transaction, so one stamp on either dialect) moves the owner's
+    quota row of eight pools: more rows of one stamp than a round reads. The rounds still
+    move on through them (no livelock), every pool is delivered, and resuming after the
+    first of those events misses none of the pools after it."""
+    settings = Settings(database_url=database_url, usage_coalesce_ms=50, usage_round_rows=BOUND)
+    async with served(settings) as (app, address), http_api(address) as api:
+        relay = app.state.relay
+        db: Database = app.state.db
+        s = await Scene.start(api, fleet)
+        pools = [(await s.pool())["id"] for _ in range(8)]
+        for pool_id in pools:
+            await fleet.node(pool_id, 4)
+            await s.offer(pool_id, "acme", {"gpu": 4})
+        stream = Stream(
+            ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme", types=["pool.usage"]
+        )
+        await subscribed(app, 1)
+        client = PoolsClient(stream, await refetch_all(api, s.token, "acme", pools))
+        async with db.writer.begin() as conn:
+            await conn.execute(
+                update(QuotaRow)
+                .where(QuotaRow.pool_id.in_(pools), QuotaRow.tenant_id == "acme")
+                .values(used=QuotaRow.used + 1, usage_tx=UsageStamp())
+            )
+        async with db.reader.connect() as conn:
+            stamped = (
+                (await conn.execute(select(QuotaRow.usage_tx).where(QuotaRow.pool_id.in_(pools))))
+                .scalars()
+                .all()
+            )
+        assert len(stamped) == len(pools) > BOUND and len(set(stamped)) == 1, stamped
+        expected = await refetch_all(api, s.token, "acme", pools)
+        await until_all_equal(client, expected)
+        assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
+        await client.close()
+        order = [e["poolId"] for e in client.usage()]
+        assert sorted(order) == sorted(pools), order
+
+        first = client.usage()[0]
+        resumed = Stream(
+            ws_client(address, s.token, PROTOCOL),
+            EVENTS,
+            tenantId="acme",
+            types=["pool.usage"],
+            after=first["cursor"],
+        )
+        later = {p: expected[p] for p in order[1:]}
+        again = PoolsClient(resumed, await refetch_all(api, s.token, "acme", pools))
+        await wait_until(lambda: set(later) <= {e["poolId"] for e in again.usage()}, WAIT_S)
+        assert {p: again.states[p] for p in later} == later
+        assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
+        await again.close()
+
+
+async def test_a_subscriber_catching_up_does_not_hold_back_one_that_is_level(
+    database_url: str, fleet: Fleet
+) -> None:
+    """While one subscriber resumed after an outbox cursor works through a backlog (rounds
+    of at most `usage_round_rows` rows), one level with the horizon still gets a new
+    booking's usage in the next rounds, not after the backlog."""
+    settings = Settings(database_url=database_url, usage_coalesce_ms=300, usage_round_rows=BOUND)
+    async with served(settings) as (app, address), http_api(address) as api:
+        relay = app.state.relay
+        s = await Scene.start(api, fleet)
+        pools = [(await s.pool())["id"] for _ in range(13)]
+        for pool_id in pools:
+            await fleet.node(pool_id, 4)
+            await s.offer(pool_id, "acme", {"gpu": 4})
+        backlog, fresh = pools[:-1], pools[-1]
+        stream = Stream(ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme")
+        await subscribed(app, 1)
+        away = PoolsClient(stream, {})
+        await s.offer(pools[0], "acme", {"gpu": 3})
+        await wait_until(lambda: any(e["type"] == "pool.offered" for e in away.events), WAIT_S)
+        await away.close()
+        plain = [e for e in away.events if e["type"] == "pool.offered"][-1]["cursor"]
+        for pool_id in backlog:
+            await s.reserve(pool_id, {"gpu": 1})
+
+        level = PoolsClient(
+            Stream(
+                ws_client(address, s.token, PROTOCOL),
+                EVENTS,
+                tenantId="acme",
+                types=["pool.usage"],
+            ),
+            await refetch_all(api, s.token, "acme", [fresh]),
+        )
+        await subscribed(app, 1)
+        behind = PoolsClient(
+            Stream(ws_client(address, s.token, PROTOCOL), EVENTS, tenantId="acme", after=plain),
+            await refetch_all(api, s.token, "acme", backlog),
+        )
+        await wait_until(lambda: bool(behind.usage()), WAIT_S)  # live and catching up
+        await s.reserve(fresh, {"gpu": 2})
+        expected = await refetch_all(api, s.token, "acme", [fresh])
+        await until_all_equal(level, expected)
+        caught_up = {e["poolId"] for e in behind.usage()}
+        assert not set(backlog) <= caught_up, caught_up  # the backlog was not through yet
+        await until_all_equal(behind, await refetch_all(api, s.token, "acme", backlog))
+        assert relay.usage_rows_most <= BOUND, relay.usage_rows_most
+        for client in (level, behind):
+            await client.close()
