@@ -79,6 +79,7 @@ from bench.graphql_pools import (
 )
 from bench.native_load import _lua_string, _marked_json, _run_child, ensure_wrk
 from bench.proc import cpu_s
+from bench.usage_watch import UsageWatch, summary
 
 CONNECTIONS = 16
 POOLS = 100
@@ -618,6 +619,7 @@ class Bench:
 class Result:
     write: Write
     rounds: list[Round] = field(default_factory=list)
+    usage: list[str] = field(default_factory=list)  # bench/usage_watch.py, per service round
 
     def of(self, target: str) -> list[Round]:
         return [r for r in self.rounds if r.target == target]
@@ -660,7 +662,18 @@ async def measure_write(bench: Bench, write: Write, plan: Plan) -> Result:
             hot = write.name.endswith("hot quota")
             pools = bench.seeded.pools[:1] if hot else bench.seeded.pools
             await widen(bench.url, bench.conn, pools, math.ceil(expected / len(pools)) + 16)
-        done = await bench.run(write, target, seconds)
+        watch = None
+        if kept and target == "service" and write.name.endswith("hot quota"):
+            token = bench.seeded.tokens[GUEST]
+            watch = UsageWatch(bench.urls["service"], token, GUEST, bench.seeded.pools[0])
+        async with watch or contextlib.nullcontext():
+            started = time.monotonic()
+            done = await bench.run(write, target, seconds)
+            if watch is not None:
+                watch.window = (started, time.monotonic())
+                async with httpx.AsyncClient(base_url=bench.urls["service"], timeout=60) as c:
+                    used = await watch.settle(c, bench.headers[GUEST])
+                result.usage.append(summary(watch, used, Settings().usage_coalesce_ms))
         rates[target] = max(done.load.per_second, 1.0)
         if kept:
             result.rounds.append(done)
@@ -893,6 +906,18 @@ def print_results(results: list[Result]) -> None:
             )
 
 
+def print_usage(results: list[Result]) -> None:
+    watched = [(res.write.name, line) for res in results for line in res.usage]
+    if not watched:
+        return
+    print(
+        "\npool.usage, one subscriber (the booking tenant) of the hot pool during each service"
+        f" round (BETTERCOMPUTE_USAGE_COALESCE_MS={Settings().usage_coalesce_ms}):"
+    )
+    for name, line in watched:
+        print(f"  {name}: {line}")
+
+
 async def scale(url: str, bench: Bench, plan: Plan, logs: Path) -> list[str]:
     """Updates/s at 1 and 2 service processes (`serve --workers N`, Redis broadcast)."""
     lines = []
@@ -1006,6 +1031,7 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
             results.append(await measure_write(bench, write, plan))
             print(f"  measured {write.name}", flush=True)
         print_results(results)
+        print_usage(results)
         stop_server(service)
         servers.remove(service)
         print("\nupdates/s by service processes (`serve --workers N`, Redis broadcast):")
