@@ -1,11 +1,11 @@
 """Reading the outbox in position order, behind the transaction-id horizon.
 
-A reader reads only positions (tx, seq) with `tx < pg_snapshot_xmin(pg_current_snapshot())`
-(the horizon: every transaction with a smaller id has ended; no bound on SQLite, where tx is
+A reader reads only positions (tx, seq) with `tx` below the horizon (`PG_HORIZON`: every
+transaction of this database with a smaller id has ended; no bound on SQLite, where tx is
 always 0 and one writer at a time gives commit order). A transaction still running, or one
-that gets its id later, writes only positions at or above the horizon, and the horizon only
-grows, so "every event after position P", read now, is complete: nothing can still appear
-below what was read. Every reader (the relay, a resuming subscriber) relies on that
+that gets its id later, writes only positions at or above the horizon read with it, so
+"every event after position P", read now, is complete: nothing can still appear below what
+was read. Every reader (the relay, a resuming subscriber) relies on that
 (docs/decisions/0012-commit-ordered-positions.md).
 """
 
@@ -61,9 +61,31 @@ def _horizon(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
     return str(BIGINT_MAX)
 
 
+# The horizon of this database's transactions (docs/decisions/0012, "A horizon per
+# database"): the smallest id among the snapshot's running transactions, leaving out those
+# seen running in another database while the statement runs (a transaction never moves
+# between databases, so none of those can write here); with none left, the snapshot's
+# xmax. A transaction that ended since the snapshot is seen nowhere and is kept, and so is
+# one whose session hides its id (another role's, to a role without pg_read_all_stats):
+# the horizon only ever errs low, as pg_snapshot_xmin, the whole server's, always did. A
+# 32-bit backend_xid names the same transaction as the xid8's low 32 bits (running
+# transactions are far fewer than 2^31 ids apart).
+PG_HORIZON = (
+    "(SELECT coalesce(min(x::text::bigint),"
+    " pg_snapshot_xmax(pg_current_snapshot())::text::bigint)"
+    " FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
+    " WHERE x::text::bigint % 4294967296 NOT IN ("
+    "SELECT backend_xid::text::bigint FROM pg_stat_activity"
+    " WHERE backend_xid IS NOT NULL AND datname IS DISTINCT FROM current_database()))"
+)
+# Every transaction id given out so far is below it: a bound no issued position or usage
+# horizon exceeds, whatever the horizon does meanwhile.
+PG_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+
+
 @compiles(Horizon, "postgresql")
 def _horizon_pg(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+    return PG_HORIZON
 
 
 def _position() -> ColumnElement[Any]:
@@ -172,6 +194,43 @@ async def committed_ahead(executor: Executor) -> dict[str, Position]:
     )
     rows = (await executor.execute(newest)).all()
     return {pool_id: Position(tx, seq) for pool_id, tx, seq in rows}
+
+
+class NextXid(FunctionElement[int]):
+    """Above every transaction id given out so far (PostgreSQL; NULL on SQLite)."""
+
+    type = BigInteger()
+    name = "next_xid"
+    inherit_cache = True
+
+
+@compiles(NextXid)
+def _next_xid(element: NextXid, compiler: SQLCompiler, **kw: Any) -> str:
+    return "NULL"
+
+
+@compiles(NextXid, "postgresql")
+def _next_xid_pg(element: NextXid, compiler: SQLCompiler, **kw: Any) -> str:
+    return PG_NEXT_XID
+
+
+_LATEST = select(Event.tx, Event.seq).order_by(Event.tx.desc(), Event.seq.desc()).limit(1)
+
+
+async def issued_bounds(executor: Executor) -> tuple[Position, int | None]:
+    """What no cursor this service issued exceeds: the newest committed position (above the
+    horizon too, which may read lower a moment later: a transaction of another database
+    that ended is no longer seen to be another's) and the next transaction id (a usage
+    horizon is below it; None on SQLite, whose usage horizon never reads lower)."""
+    latest = _LATEST.subquery("l")
+    one = select(literal(1).label("one")).subquery("one")
+    row = (
+        await executor.execute(
+            select(latest.c.tx, latest.c.seq, NextXid()).select_from(one).outerjoin(latest, true())
+        )
+    ).one()
+    position = START if row[0] is None else Position(row[0], row[1])
+    return position, None if row[2] is None else int(row[2])
 
 
 _PENDING = select(exists().where(Event.tx >= Horizon()))

@@ -70,6 +70,7 @@ from app.events.reader import (
     OutboxEvent,
     committed_above_horizon,
     committed_ahead,
+    issued_bounds,
     outbox_bounds,
     prune_events,
     read_events,
@@ -421,10 +422,13 @@ class Relay(Generic[F]):
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
             horizon = (await usage_changes(conn, None)).horizon  # as above
+            issued, next_xid = await issued_bounds(conn)
         if after is None:
             return Subscription(self, event_filter, bounds.newest, usage_from=horizon)
         point = after if isinstance(after, ResumePoint) else ResumePoint(after)
-        if point.position > bounds.newest or (point.usage is not None and point.usage > horizon):
+        issued = max(issued, bounds.newest)  # `newest` counts what retention pruned
+        usage_bound = horizon if next_xid is None else next_xid
+        if point.position > issued or (point.usage is not None and point.usage > usage_bound):
             raise InvalidInput("the cursor is not one this service issued", field="after")
         if bounds.expired(point.position):
             raise cursor_expired()

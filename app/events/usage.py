@@ -12,8 +12,8 @@ quota and capacity row also sets the row's `usage_tx` to `UsageStamp()`:
 `usage_changes` reads, in one statement (one snapshot), a horizon h and the rows stamped
 in [since, h):
 
-- PostgreSQL: h = `pg_snapshot_xmin(pg_current_snapshot())`, as reader.Horizon: every
-  transaction with a smaller id has ended, so every row it stamped is visible now, and a
+- PostgreSQL: h = reader.PG_HORIZON, as the outbox's: every transaction of this database
+  with a smaller id has ended, so every row it stamped is visible now, and a
   transaction still running (or one that starts later) stamps `>= h`;
 - SQLite: h = one more than the largest committed stamp; a writer in progress stamps
   `>= h`.
@@ -49,6 +49,7 @@ from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.engine import Executor
 from app.db.models import CapacityRow, QuotaRow
+from app.events.reader import PG_HORIZON
 
 USAGE_EVENT: Final = "pool.usage"
 # Rows one read takes at most (the default of `usage_round_rows`, app/config.py).
@@ -93,7 +94,7 @@ def _horizon(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(UsageHorizon, "postgresql")
 def _horizon_pg(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+    return PG_HORIZON  # the outbox's: this database's transactions only
 
 
 class _Bytewise(FunctionElement[str]):

@@ -17,7 +17,7 @@ from app.db.engine import Database
 from app.db.models import Pool
 from app.events.cursor import Position
 from app.events.outbox import PendingEvent
-from app.events.reader import OutboxEvent, outbox_bounds
+from app.events.reader import OutboxEvent, committed_above_horizon, outbox_bounds
 from app.events.relay import Relay, Subscription
 from app.iam.callers import authenticate
 from tests.support import Fleet
@@ -62,18 +62,14 @@ async def until_lock_waits(db: Database, count: int, *tasks: asyncio.Task[Any]) 
 
 
 async def all_visible(db: Database, within_s: float = 30.0) -> None:
-    """Until every committed event is below the transaction-id horizon (at once on SQLite).
-    The horizon is the cluster's: any transaction still running on the server, of any
-    database, holds it back, so a test reading the outbox right after a commit waits."""
-    query = text(
-        "SELECT COALESCE(MAX(tx), 0) < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-        " FROM events"
-    )
+    """Until every committed event is below the transaction-id horizon (at once on SQLite):
+    any transaction of this database still running holds it back (app/events/reader.py),
+    so a test reading the outbox right after a commit waits."""
     if db.dialect != "postgresql":
         return
     deadline = time.monotonic() + within_s
     async with db.reader.connect() as conn:
-        while not (await conn.execute(query)).scalar_one():
+        while await committed_above_horizon(conn):
             assert time.monotonic() < deadline, "the horizon did not pass the newest event"
             await asyncio.sleep(0.005)
             await conn.rollback()

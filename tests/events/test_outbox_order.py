@@ -11,7 +11,9 @@ from collections import defaultdict
 
 import pytest
 from sqlalchemy import select, text, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from app.db.engine import Database
 from app.db.models import Pool
@@ -23,7 +25,8 @@ from app.events.outbox import (
     append_events,
     lock_pool_for_events,
 )
-from app.events.reader import read_events
+from app.events.reader import committed_above_horizon, read_events
+from tests.databases import direct_url
 from tests.events.support import all_visible, bare_pools, until_lock_waits
 from tests.support import Fleet
 
@@ -127,6 +130,30 @@ async def test_writers_of_distinct_pools_do_not_wait_and_delivery_waits_for_the_
         await idle.close()
     await all_visible(db)
     assert len(await _all(db)) == 3
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_a_transaction_of_another_database_does_not_hold_delivery_back(
+    db: Database, fleet: Fleet
+) -> None:
+    """The horizon is this database's: a transaction of another database on the same server
+    (here one holding a transaction id in `postgres`) does not keep a committed event from
+    being read, while one of this database does (the test above)."""
+    (pool,) = await bare_pools(fleet, db, 1)
+    server = make_url(direct_url(db.url)).set(database="postgres")
+    other = create_async_engine(server.render_as_string(hide_password=False), poolclass=NullPool)
+    try:
+        async with other.connect() as elsewhere:
+            await elsewhere.execute(text("SELECT pg_current_xact_id()"))  # holds an id
+            async with UnitOfWork(db) as uow:
+                assert await uow.lock_pool(pool)
+                uow.emit(_event(pool, n=1))
+            async with db.reader.connect() as conn:
+                assert len(await read_events(conn, START, limit=10)) == 1
+                assert not await committed_above_horizon(conn)
+            await elsewhere.rollback()
+    finally:
+        await other.dispose()
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
