@@ -75,6 +75,8 @@ async def test_an_event_is_rendered_once_per_distinct_request(
             for document, token in plan
         ]
         await subscribed(app, len(streams))
+        # Live, not still reading the outbox: an event read there is each one's own.
+        await wait_until(lambda: app.state.relay.live_subscriptions >= len(streams))
         capacity: Capacity = app.state.capacity
         await emit_updates(capacity, pool_id, "acme", 1)
         received = [await stream.next() for stream in streams]
