@@ -685,6 +685,17 @@ def last_cursor(page: Any) -> str:
     return cursor
 
 
+def close_socket(page: Any) -> str:
+    """Close the page's socket and return the cursor it had then. Read in the same turn:
+    a closing WebSocket dispatches no more messages, while an event (a usage catch-up,
+    say) may still arrive before a separate read."""
+    cursor: str = page.evaluate(
+        "() => { const c = window.bcConsole.state.cursor; window.bcConsole.socket().close();"
+        " return c; }"
+    )
+    return cursor
+
+
 def updates_of(page: Any, model: str) -> int:
     """How many feed entries show `model` as a /gpuModel change's after."""
     return sum(
@@ -707,9 +718,7 @@ def test_console_resumes_after_its_socket_closes_without_losing_an_event(
     open_console(page, base, token, "acme")
     update_gpu_model(base, token, pool_id, "L40S-A")
     page.wait_for_function("() => window.bcConsole.state.cursor !== null", timeout=DELIVERY_MS)
-    cursor = last_cursor(page)
-
-    page.evaluate("() => window.bcConsole.socket().close()")  # the connection is lost
+    cursor = close_socket(page)  # the connection is lost
     update_gpu_model(base, token, pool_id, "L40S-B")  # while away, or just after: both count
     page.wait_for_selector("#status[data-state='live']", timeout=15_000)
     wait_for_feed(page, "(li) => li.innerText.includes('L40S-B')")
@@ -717,9 +726,9 @@ def test_console_resumes_after_its_socket_closes_without_losing_an_event(
     assert updates_of(page, "L40S-A") == 1 and updates_of(page, "L40S-B") == 1
     assert "L40S-B" in page.locator(f"#pools .pool[data-pool-id='{pool_id}'] .facts").inner_text()
 
-    cursor = last_cursor(page)
     page.click("#pause")
     page.wait_for_selector("#status[data-state='paused']", timeout=5_000)
+    cursor = last_cursor(page)  # the socket is closed: nothing moves it now
     update_gpu_model(base, token, pool_id, "L40S-C")  # certainly while away
     assert updates_of(page, "L40S-C") == 0
     page.click("#pause")  # Resume
@@ -738,9 +747,9 @@ def test_console_reconnects_and_resumes_after_the_server_restarts(
     open_console(page, base, token, "acme")
     update_gpu_model(base, token, pool_id, "L4-A")
     wait_for_feed(page, "(li) => li.innerText.includes('L4-A')")
-    cursor = last_cursor(page)
     console.server.stop()
     page.wait_for_selector("#status[data-state='offline']", timeout=10_000)
+    cursor = last_cursor(page)  # the socket is closed: nothing moves it now
     assert "Reconnecting" in page.locator("#error").inner_text()
     console.server.start()
     page.wait_for_selector("#status[data-state='live']", timeout=20_000)
