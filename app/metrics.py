@@ -115,6 +115,13 @@ EVENT_POOL_READS = Counter(
     "Reads of the pool an event shows (`PoolEvent.pool`): one per event and view, however "
     "many subscribers share that view",
 )
+EVENT_RENDERINGS = Counter(
+    "bettercompute_event_renderings_total",
+    "Subscription events rendered by the fast executor (schema/executor.py): `executed` "
+    "ran a GraphQL execution, `shared` reused the one an earlier subscriber's identical "
+    "request ran for the same event (and view); executed per event shows the sharing",
+    ["how"],
+)
 SUBSCRIPTIONS_REFUSED = Counter(
     "bettercompute_subscriptions_refused_total",
     "Subscriptions refused with RESOURCE_EXHAUSTED, by the bound they met (caller, tenant)",

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import uvloop
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosedError
 
 from app.db.engine import create_database
 from app.db.uow import UnitOfWork
@@ -26,6 +27,22 @@ from app.events.outbox import PendingEvent
 SUBSCRIPTION = (
     "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type poolId occurredAt } }"
 )
+# The rich shape: the event's data and the pool as the subscriber's view sees it now.
+RICH_SUBSCRIPTION = (
+    "subscription($t: String!) { poolEvents(tenantId: $t) { cursor type poolId occurredAt "
+    "data pool { id version quotas { resource max used } "
+    "capacity { resource total allocatable booked available } } } }"
+)
+SHAPES = {"cheap": SUBSCRIPTION, "rich": RICH_SUBSCRIPTION}
+TRY_AGAIN_LATER = 1013
+
+
+class Failed:
+    """A worker's answer when its command raised: the orchestrator raises it again
+    (a writer that died mid-command used to leave the run waiting forever)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.message = f"{type(error).__name__}: {error}"
 
 
 async def _commands(conn: Connection) -> Any:
@@ -37,10 +54,29 @@ async def _commands(conn: Connection) -> Any:
 
 
 async def open_subscriptions(
-    address: str, token: str, tenant: str, subscriptions: int, **options: Any
+    address: str,
+    token: str,
+    tenant: str,
+    subscriptions: int,
+    query: str = SUBSCRIPTION,
+    **options: Any,
 ) -> ClientConnection:
     """A graphql-transport-ws socket, acknowledged, with `subscriptions` poolEvents
-    subscriptions of `tenant` (ids "0", "1", ...)."""
+    subscriptions of `tenant` (ids "0", "1", ...). A server that could not reach its
+    database in time (1013, try again later: a busy shared machine) is asked again."""
+    for attempt in range(20):
+        try:
+            return await _open_once(address, token, tenant, subscriptions, query, **options)
+        except ConnectionClosedError as exc:
+            if exc.rcvd is None or exc.rcvd.code != TRY_AGAIN_LATER or attempt == 19:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def _open_once(
+    address: str, token: str, tenant: str, subscriptions: int, query: str, **options: Any
+) -> ClientConnection:
     ws = await connect(
         f"ws://{address}/graphql",
         subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
@@ -52,10 +88,26 @@ async def open_subscriptions(
     ack = orjson.loads(await ws.recv())
     assert ack["type"] == "connection_ack", ack
     for n in range(subscriptions):
-        payload = {"query": SUBSCRIPTION, "variables": {"t": tenant}}
-        message = {"id": str(n), "type": "subscribe", "payload": payload}
-        await ws.send(orjson.dumps(message).decode())
+        await ws.send(subscribe_message(str(n), query, tenant))
     return ws
+
+
+def subscribe_message(operation_id: str, query: str, tenant: str) -> str:
+    payload = {"query": query, "variables": {"t": tenant}}
+    return orjson.dumps({"id": operation_id, "type": "subscribe", "payload": payload}).decode()
+
+
+def unavailable(message: dict[str, Any]) -> bool:
+    """A subscription refused because the server could not reach its database in time:
+    an `error` before it ran, or its result (`next` with errors, then `complete`)."""
+    payload = message.get("payload")
+    if message.get("type") == "next" and isinstance(payload, dict):
+        errors = payload.get("errors")
+    else:
+        errors = payload if message.get("type") == "error" else None
+    return isinstance(errors, list) and any(
+        (e.get("extensions") or {}).get("code") == "UNAVAILABLE" for e in errors
+    )
 
 
 class Socket:
@@ -69,11 +121,22 @@ class Socket:
         self.duplicates = 0
         self.ws: ClientConnection | None = None
         self.task: asyncio.Task[None] | None = None
+        self.query, self.tenant = SUBSCRIPTION, ""
+        self.retrying: set[str] = set()
 
-    async def open(self, address: str, token: str, tenant: str, subscriptions: int) -> None:
+    async def open(
+        self, address: str, token: str, tenant: str, subscriptions: int, shape: str = "cheap"
+    ) -> None:
         self.received = [{} for _ in range(subscriptions)]
+        self.query, self.tenant = SHAPES[shape], tenant
         self.ws = await open_subscriptions(
-            address, token, tenant, subscriptions, compression=None, ping_interval=None
+            address,
+            token,
+            tenant,
+            subscriptions,
+            SHAPES[shape],
+            compression=None,
+            ping_interval=None,
         )
         self.task = asyncio.create_task(self._read())
 
@@ -82,7 +145,24 @@ class Socket:
         async for raw in self.ws:
             now = time.time()
             message = orjson.loads(raw)
-            if message["type"] != "next" or not message["payload"].get("data"):
+            # The server's database was out of reach (a busy shared machine): subscribe
+            # again, once the id is free (after the `error`, or the `complete` that follows
+            # an erroneous result).
+            if unavailable(message):
+                if message["type"] == "error":
+                    await self._again(message["id"])
+                else:
+                    self.retrying.add(message["id"])
+                continue
+            if message["type"] == "complete" and message.get("id") in self.retrying:
+                self.retrying.discard(message["id"])
+                await self._again(message["id"])
+                continue
+            if (
+                message["type"] != "next"
+                or not message["payload"].get("data")
+                or message["payload"].get("errors")
+            ):
                 print(f"bench client: unexpected message {message}", flush=True)
                 continue
             seq = decode_cursor(message["payload"]["data"]["poolEvents"]["cursor"])
@@ -92,6 +172,11 @@ class Socket:
             if seq in got:
                 self.duplicates += 1
             got[seq] = now
+
+    async def _again(self, operation_id: str) -> None:
+        assert self.ws is not None
+        await asyncio.sleep(0.2)
+        await self.ws.send(subscribe_message(operation_id, self.query, self.tenant))
 
     def count(self) -> int:
         return sum(len(r) for r in self.received)
@@ -107,7 +192,7 @@ async def _clients(conn: Connection, address: str) -> None:
     sockets: list[Socket] = []
     while True:
         command, argument = await _commands(conn)
-        if command == "open":  # [(token, tenant, subscriptions per socket)], at a time
+        if command == "open":  # [(token, tenant, subscriptions per socket, shape)], at a time
             plan, at_a_time = argument
             opened = [Socket() for _ in plan]
             for start in range(0, len(opened), at_a_time):
@@ -164,8 +249,11 @@ class Writer:
         self.committed: dict[Position, float] = {}
         self.transactions: list[float] = []  # seconds from start to commit, each
 
-    async def emit(self, pool_id: str, tenant: str, count: int = 1) -> None:
+    async def emit(
+        self, pool_id: str, tenant: str, count: int = 1, audience: frozenset[str] | None = None
+    ) -> None:
         began = time.perf_counter()
+        to = audience or frozenset({tenant})
 
         async def committed(newest: Position) -> None:  # after the commit, before the wake-up
             now = time.time()
@@ -177,9 +265,7 @@ class Writer:
         async with UnitOfWork(self.db, committed) as uow:
             await uow.lock_pool(pool_id)  # as the domain's writes do (app/events/outbox.py)
             for n in range(count):
-                uow.emit(
-                    PendingEvent("pool.updated", pool_id, tenant, {"n": n}, frozenset({tenant}))
-                )
+                uow.emit(PendingEvent("pool.updated", pool_id, tenant, {"n": n}, to))
 
     async def steady(
         self, targets: list[tuple[str, str]], rate: float, seconds: float
@@ -218,32 +304,44 @@ async def _writer(conn: Connection, database_url: str, redis_url: str) -> None:
     try:
         while True:
             command, argument = await _commands(conn)
-            if command == "steady":  # (targets, rate, seconds)
-                conn.send(await writer.steady(*argument))
-            elif command == "each":  # one event for every (pool, tenant), one at a time
-                for pool_id, tenant in argument:
-                    await writer.emit(pool_id, tenant)
-                conn.send(None)
-            elif command == "sequential":  # (pool, tenant, n): seconds per transaction
-                pool_id, tenant, n = argument
-                started = time.perf_counter()
-                for _ in range(n):
-                    await writer.emit(pool_id, tenant)
-                conn.send((time.perf_counter() - started) / n)
-            elif command == "burst":  # (pool, tenant, events, events per transaction)
-                pool_id, tenant, events, per_transaction = argument
-                for _ in range(events // per_transaction):
-                    await writer.emit(pool_id, tenant, per_transaction)
-                conn.send(None)
-            elif command == "committed":  # and forget them
-                conn.send(writer.committed)
-                writer.committed = {}
-            elif command == "stop":
-                conn.send(None)
+            try:
+                done = await _write(writer, command, argument)
+            except Exception as exc:  # answered, so the run stops with it instead of waiting
+                conn.send(Failed(exc))
+                continue
+            conn.send(done)
+            if command == "stop":
                 return
     finally:
         await writer.bus.disconnect()
         await writer.db.dispose()
+
+
+async def _write(writer: Writer, command: str, argument: Any) -> Any:
+    if command == "steady":  # (targets, rate, seconds)
+        return await writer.steady(*argument)
+    if command == "each":  # one event for every (pool, tenant), one at a time
+        for pool_id, tenant in argument:
+            await writer.emit(pool_id, tenant)
+        return None
+    if command == "sequential":  # (pool, tenant, n): seconds per transaction
+        pool_id, tenant, n = argument
+        started = time.perf_counter()
+        for _ in range(n):
+            await writer.emit(pool_id, tenant)
+        return (time.perf_counter() - started) / n
+    if command == "burst":  # (pool, tenant, events, per transaction[, audience])
+        pool_id, tenant, events, per_transaction, *rest = argument
+        audience = frozenset(rest[0]) if rest else None
+        for _ in range(events // per_transaction):
+            await writer.emit(pool_id, tenant, per_transaction, audience)
+        return None
+    if command == "committed":  # and forget them
+        committed, writer.committed = writer.committed, {}
+        return committed
+    if command == "stop":
+        return None
+    raise ValueError(f"unknown command {command!r}")
 
 
 def writer_main(conn: Connection, database_url: str, redis_url: str) -> None:

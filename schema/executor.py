@@ -19,6 +19,8 @@ the app is assembled, and the app runs strawberry's stock executor when they cha
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -36,6 +38,8 @@ from strawberry.resolvers import is_default_resolver
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.field import StrawberryField
+
+from app import metrics
 
 # (attribute name, serialise, nullable) for a fast field; None for any other field.
 _Plan = tuple[str, Callable[[Any], Any], bool] | None
@@ -69,6 +73,8 @@ def plan_for(field_def: GraphQLField) -> _Plan:
 
 
 _NO_KEY: Any = object()
+_EXECUTED = metrics.EVENT_RENDERINGS.labels("executed")
+_SHARED = metrics.EVENT_RENDERINGS.labels("shared")
 
 
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
@@ -91,28 +97,86 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         if key is None:
             key = self._rendering_key = _request_key(self.operation, self.variable_values)
         if key is _NO_KEY:
+            _EXECUTED.inc()
             return super().execute_operation(serially)
         known = renderings.get(key)
         # The operation node is kept with its data: no other document can reuse its id.
         if known is not None and known[0] is self.operation:
-            return ExecutionResult(data=known[1], errors=None)
+            shared = known[1]
+            if isinstance(shared, asyncio.Future):  # under way (`pool` is read): await it
+                return self._await_shared(shared, serially)
+            _SHARED.inc()
+            return ExecutionResult(data=shared, errors=None)
+        _EXECUTED.inc()
         result = super().execute_operation(serially)
+        if isinstance(result, ExecutionResult):
+            if not result.errors:
+                renderings[key] = (self.operation, result.data)
+            return result
+        if not self.is_awaitable(result):
+            return result
+        # An execution that awaits (the `pool` read): the subscribers of the same request
+        # arriving meanwhile await this one rather than starting their own.
+        running = asyncio.ensure_future(result)
+        running.add_done_callback(_retrieved)
+        renderings[key] = (self.operation, running)
+        return self._await_own(running, renderings, key)
+
+    async def _await_own(
+        self, running: asyncio.Future[Any], renderings: dict[Any, Any], key: Any
+    ) -> Any:
+        # Shielded: this subscriber going away does not cancel the others' rendering.
+        result = await asyncio.shield(running)
         if isinstance(result, ExecutionResult) and not result.errors:
             renderings[key] = (self.operation, result.data)
+        elif renderings.get(key, (None, None))[1] is running:
+            del renderings[key]  # not shared: the next subscriber executes its own
         return result
+
+    async def _await_shared(self, running: asyncio.Future[Any], serially: bool | None) -> Any:
+        # The wait is the server's own preparing of this subscriber's message, as the read
+        # would be in its own execution (the relay's stall clock does not run meanwhile).
+        subscription = getattr(self.root_value, "subscription", None)
+        preparing = getattr(subscription, "preparing", None)
+        try:
+            with preparing() if preparing is not None else contextlib.nullcontext():
+                result = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            result = None
+        if isinstance(result, ExecutionResult) and not result.errors:
+            _SHARED.inc()
+            return ExecutionResult(data=result.data, errors=None)
+        # The first one failed or has errors: this subscriber's own execution reports its own.
+        _EXECUTED.inc()
+        own = super().execute_operation(serially)
+        return await own if self.is_awaitable(own) else own
 
     def build_per_event_executor(self, payload: Any) -> FastFieldsExecutor:
         """A subscription runs each event on a shallow copy of one executor, which would
         share the memos (graphql-core's `_relevant_sub_fields`, our `_selection_plans`).
         Both are keyed by objects every event makes anew, so shared they grow by an entry
-        per event for as long as the subscription lives; each event gets its own."""
+        per event for as long as the subscription lives; each event gets its own. The
+        request key is worked out once per subscription and kept on it (copies get it)."""
+        if self._rendering_key is None:
+            self._rendering_key = _request_key(self.operation, self.variable_values)
+        renderings = getattr(payload, "renderings", None)
+        if renderings is not None and self._rendering_key is not _NO_KEY:
+            known = renderings.get(self._rendering_key)
+            if (
+                known is not None
+                and known[0] is self.operation
+                and not isinstance(known[1], asyncio.Future)
+            ):
+                # Already rendered for an earlier subscriber of the same request: no
+                # executor to copy, only the data to hand over (execute_subscription_event
+                # asks the per-event executor for nothing but execute_operation).
+                _SHARED.inc()
+                return cast("FastFieldsExecutor", _Rendered(known[1]))
         executor = cast("FastFieldsExecutor", super().build_per_event_executor(payload))
         executor._relevant_sub_fields = {}
         executor._selection_plans = {}
-        if self._rendering_key is None:  # worked out once per subscription, kept on it
-            self._rendering_key = executor._rendering_key = _request_key(
-                self.operation, self.variable_values
-            )
         return executor
 
     def _selection_plan(
@@ -186,6 +250,24 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
 
             return merged()
         return _merge(results, slow, cast("dict[str, Any]", done))
+
+
+class _Rendered:
+    """The per-event executor of a subscriber whose request was rendered already."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Any) -> None:
+        self._data = data
+
+    def execute_operation(self, serially: bool | None = None) -> ExecutionResult:
+        return ExecutionResult(data=self._data, errors=None)
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    """Its exception is the awaiting subscribers' to report; never "never retrieved"."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _request_key(operation: Any, variable_values: Any) -> Any:

@@ -91,7 +91,24 @@ def _pool_event(
     if capacity is not None:  # `pool` selected: rendered once per event and view
         renderings = event.reads.setdefault(("rendering", view_of(subscription.filter.actor)), {})
     else:
-        renderings = event.renderings
+        # Without `pool` nothing of the subscriber's is in it but its tenant: one object
+        # for all the tenant's subscribers shown this event object.
+        shown = event.renderings.get(("event", tenant))
+        if shown is None:
+            shown = event.renderings[("event", tenant)] = _pool_event_object(
+                event, tenant, None, None, event.renderings
+            )
+        return cast(PoolEvent, shown)
+    return _pool_event_object(event, tenant, subscription, capacity, renderings)
+
+
+def _pool_event_object(
+    event: OutboxEvent,
+    tenant: str,
+    subscription: events_relay.Subscription[PoolEventFilter] | None,
+    capacity: Capacity | None,
+    renderings: dict[Any, Any],
+) -> PoolEvent:
     return PoolEvent(
         cursor=event.cursor,
         type=event.type,
@@ -100,7 +117,7 @@ def _pool_event(
         occurred_at=event.occurred_at,
         data=cast(JSON, event.data),
         tenant=tenant,
-        subscription=subscription if capacity is not None else None,
+        subscription=subscription,
         capacity=capacity,
         renderings=renderings,
         source=event,

@@ -93,6 +93,52 @@ async def test_an_event_is_rendered_once_per_distinct_request(
     assert executions.count(cursor) == 4
 
 
+@pytest.mark.fast_path  # schema/executor.py shares the rendering
+async def test_subscribers_of_one_view_share_the_execution_that_reads_pool(
+    database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pool` is read once per event and view, and with the same document and variables
+    the subscribers of one view share the execution that awaits that read too: three
+    sockets of one viewer and two of another caller with the same role (one view), and
+    the owner's admin (another view), cost two executions and two reads per event."""
+    executions: list[str] = []
+    execute = Executor.execute_operation
+
+    def counted(self: Executor, serially: bool | None = None) -> Any:
+        if isinstance(self.root_value, PoolEvent):
+            executions.append(self.root_value.cursor)
+        return execute(self, serially)
+
+    monkeypatch.setattr(Executor, "execute_operation", counted)
+    async with (
+        served(Settings(database_url=database_url)) as (app, address),
+        http_api(address) as api,
+    ):
+        s = await Scene.start(api, fleet)
+        pool_id = (await s.pool())["id"]
+        viewer, other_viewer = [await fleet.caller("acme", "viewer") for _ in range(2)]
+        tokens = [viewer] * 3 + [other_viewer] * 2 + [s.token]
+        streams = [
+            Stream(ws_client(address, token, PROTOCOL), WITH_POOL, tenantId="acme")
+            for token in tokens
+        ]
+        await subscribed(app, len(streams))
+        capacity: Capacity = app.state.capacity
+        reads = capacity.event_reads.reads
+        await emit_updates(capacity, pool_id, "acme", 2)
+        received = [[await stream.next() for _ in range(2)] for stream in streams]
+        for stream in streams:
+            await stream.close()
+        made = capacity.event_reads.reads - reads
+
+    cursors = [e["cursor"] for e in received[0]]
+    for got in received:
+        assert [e["cursor"] for e in got] == cursors
+        assert [e["pool"] for e in got] == [{"id": pool_id, "version": 1}] * 2
+    assert [executions.count(c) for c in cursors] == [2, 2]
+    assert made == 4
+
+
 @pytest.mark.fast_path  # app/websocket_protocol.py writes a turn's frames at once
 async def test_a_backlog_leaves_in_a_few_writes(
     database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
