@@ -141,6 +141,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         settings,
         our_websocket_handlers=pieces.websocket_handlers,
         tracing=traced,
+        shared_frames=pieces.shared_frames,
     )
     middleware = [
         # Outermost: request ids, metrics and logs see every answer.

@@ -24,7 +24,6 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import orjson
 from graphql import (
     ExecutionResult,
     GraphQLField,
@@ -40,6 +39,7 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.field import StrawberryField
 
 from app import metrics
+from schema.shared_frames import NO_KEY, request_key
 
 # (attribute name, serialise, nullable) for a fast field; None for any other field.
 _Plan = tuple[str, Callable[[Any], Any], bool] | None
@@ -72,7 +72,6 @@ def plan_for(field_def: GraphQLField) -> _Plan:
     return plan
 
 
-_NO_KEY: Any = object()
 _EXECUTED = metrics.EVENT_RENDERINGS.labels("executed")
 _SHARED = metrics.EVENT_RENDERINGS.labels("shared")
 
@@ -95,8 +94,8 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
             return super().execute_operation(serially)
         key = self._rendering_key
         if key is None:
-            key = self._rendering_key = _request_key(self.operation, self.variable_values)
-        if key is _NO_KEY:
+            key = self._rendering_key = request_key(self.operation, self.variable_values)
+        if key is NO_KEY:
             _EXECUTED.inc()
             return super().execute_operation(serially)
         known = renderings.get(key)
@@ -160,9 +159,9 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         per event for as long as the subscription lives; each event gets its own. The
         request key is worked out once per subscription and kept on it (copies get it)."""
         if self._rendering_key is None:
-            self._rendering_key = _request_key(self.operation, self.variable_values)
+            self._rendering_key = request_key(self.operation, self.variable_values)
         renderings = getattr(payload, "renderings", None)
-        if renderings is not None and self._rendering_key is not _NO_KEY:
+        if renderings is not None and self._rendering_key is not NO_KEY:
             known = renderings.get(self._rendering_key)
             if (
                 known is not None
@@ -268,15 +267,6 @@ def _retrieved(done: asyncio.Future[Any]) -> None:
     """Its exception is the awaiting subscribers' to report; never "never retrieved"."""
     if not done.cancelled():
         done.exception()
-
-
-def _request_key(operation: Any, variable_values: Any) -> Any:
-    """(the operation node's id, its variables as canonical JSON), or _NO_KEY."""
-    coerced = getattr(variable_values, "coerced", variable_values)
-    try:
-        return (id(operation), orjson.dumps(coerced, option=orjson.OPT_SORT_KEYS))
-    except TypeError:
-        return _NO_KEY
 
 
 def _merge(results: dict[str, Any], slow: dict[str, Any], done: dict[str, Any]) -> dict[str, Any]:

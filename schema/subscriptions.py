@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final, cast
 
 import strawberry
 from starlette.websockets import WebSocket
+from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.scalars import JSON
 
 from app.capacity.event_reads import view_of
@@ -21,6 +22,7 @@ from app.events.reader import OutboxEvent
 from schema.context import Context
 from schema.lookahead import selected_below
 from schema.pool_nodes import pool_from_detail, pool_parts
+from schema.shared_frames import NO_KEY, current_writer, request_key
 from schema.types.pool import Pool
 
 Info = strawberry.Info[Context, None]
@@ -174,9 +176,20 @@ class Subscription:
         tenant = subscription.filter.actor.tenant_id
         reads_pool = "pool" in selected_below(info, ())
         capacity = ctx.capacity if reads_pool else None
+        writer = current_writer.get()  # set by our websocket handlers when frames are shared
+        key = request_key(info.operation, info.variable_values)
         async for event in subscription.stream():
             if reads_pool:
                 # What the previous event read through this context (`reservations`) is
                 # let go: its connection back to the pool, nothing stale kept for the next.
                 await ctx.refresh_reads()
-            yield _pool_event(event, tenant, subscription, capacity)
+            shown = _pool_event(event, tenant, subscription, capacity)
+            if writer is not None and key is not NO_KEY:
+                payload = writer.payload(shown.renderings, key, info.operation)
+                if payload is not None:  # rendered for an identical request: sent as is
+                    try:
+                        await writer.send(payload)
+                        continue
+                    except WebSocketDisconnected:
+                        pass  # strawberry's path meets the closed socket as it always does
+            yield shown

@@ -82,6 +82,7 @@ class GraphQLView(GraphQL[Context, None]):
         *,
         our_websocket_handlers: bool = True,
         tracing: bool = False,
+        shared_frames: bool = False,
     ) -> None:
         super().__init__(
             schema,
@@ -107,6 +108,9 @@ class GraphQLView(GraphQL[Context, None]):
         if not our_websocket_handlers:  # strawberry changed what they override (app/compat.py)
             self.graphql_transport_ws_handler_class = BaseGraphQLTransportWSHandler
             self.graphql_ws_handler_class = BaseGraphQLWSHandler
+        # An event rendered for an identical request goes to the socket as one frame
+        # (schema/shared_frames.py); not traced, where each result is the tracer's.
+        self.shared_frames = shared_frames and our_websocket_handlers and not self._traced
         self.compiled = (
             CompiledReads(
                 graphql_core_schema(schema),

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from contextvars import Token
 from typing import Any, Final, cast
 
 from graphql import GraphQLFormattedError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.asgi import ASGIWebSocketAdapter
 from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws import types as transport_ws
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
@@ -47,6 +49,7 @@ from app.iam.revocations import FORBIDDEN, RevocationWatcher
 from schema.context import Context
 from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError
+from schema.shared_frames import FrameWriter, current_writer
 from schema.subscription_bounds import take_slot
 
 # RFC 6455 "Try Again Later": the connection could not be authenticated because the
@@ -66,8 +69,14 @@ class TextFrames(ASGIWebSocketAdapter):
     which strawberry would send as binary frames that clients reject."""
 
     async def send_json(self, message: Mapping[str, object]) -> None:
-        encoded = self.view.encode_json(message)
-        text = encoded.decode() if isinstance(encoded, bytes) else encoded
+        await self.send_text_frame(self.encode_payload(message))
+
+    def encode_payload(self, payload: Mapping[str, object]) -> str:
+        encoded = self.view.encode_json(payload)
+        return encoded.decode() if isinstance(encoded, bytes) else encoded
+
+    async def send_text_frame(self, text: str) -> None:
+        """One text frame (a message built here or by schema/shared_frames.py)."""
         if self.ws.application_state == WebSocketState.DISCONNECTED:
             raise WebSocketDisconnected  # we closed it (4403, 4413...): nothing more goes out
         try:
@@ -162,6 +171,13 @@ class RevocableConnection:
         if self._token_hash is not None:
             _watcher(self.context).unregister(self._token_hash, self)
             self._token_hash = None
+
+    def _frame_writer(self, protocol: str, operation_id: str) -> Token[FrameWriter | None]:
+        """The operation's writer of shared frames (schema/shared_frames.py), when the
+        view sends them."""
+        shares = getattr(self.websocket.view, "shared_frames", False)
+        writer = FrameWriter(self.websocket, protocol, operation_id) if shares else None
+        return current_writer.set(writer)
 
     async def close_revoked(self) -> None:
         await self.websocket.close(code=FORBIDDEN, reason=BAD_TOKEN)
@@ -273,11 +289,13 @@ class TransportWSHandler(RevocableConnection, BaseGraphQLTransportWSHandler[Cont
                 return
         else:
             slot = None
-        # The operation's task, made by strawberry below, starts with this value.
+        # The operation's task, made by strawberry below, starts with these values.
         sent_operation_name.set(message["payload"].get("operationName"))
+        writer = self._frame_writer(GRAPHQL_TRANSPORT_WS_PROTOCOL, message["id"])
         try:
             await super().handle_subscribe(message)
         finally:
+            current_writer.reset(writer)
             if slot is not None:
                 operation = self.operations.get(message["id"])
                 slot.hold_until_done(operation.task if operation is not None else None)
@@ -403,10 +421,12 @@ class LegacyWSHandler(RevocableConnection, BaseGraphQLWSHandler[Context, None]):
                 return
         else:
             slot = None
-        # The operation's task, made by strawberry below, starts with this value.
+        # The operation's task, made by strawberry below, starts with these values.
         sent_operation_name.set(message["payload"].get("operationName"))
+        writer = self._frame_writer(GRAPHQL_WS_PROTOCOL, message["id"])
         try:
             await super().handle_start(message)
         finally:
+            current_writer.reset(writer)
             if slot is not None:
                 slot.hold_until_done(self.tasks.get(message["id"]))

@@ -74,17 +74,52 @@ def test_with_the_pinned_libraries_every_piece_runs(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING):
         fast = compat.check(Settings(fast_path=True))
         protocol = compat.websocket_protocol(Settings(fast_path=True))
-    assert fast == compat.Compatibility(executor=True, websocket_handlers=True)
+    assert fast == compat.Compatibility(executor=True, websocket_handlers=True, shared_frames=True)
     assert protocol is LeanWebSocketProtocol
     assert _warnings(caplog) == []
 
 
 def test_fast_path_off_leaves_every_fast_piece_out() -> None:
     plain = Settings(fast_path=False)
-    assert compat.check(plain) == compat.Compatibility(executor=False, websocket_handlers=True)
+    assert compat.check(plain) == compat.Compatibility(
+        executor=False, websocket_handlers=True, shared_frames=False
+    )
     assert compat.websocket_protocol(plain) == "websockets-sansio"
     schema = _view(create_app(plain)).schema
     assert schema.execution_context_class is StrawberryGraphQLCoreExecutionContext  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("protocol", ["graphql-transport-ws", "graphql-ws"])
+def test_a_changed_result_frame_turns_the_shared_frames_off(
+    protocol: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """schema/shared_frames.py writes the frame strawberry sends for a plain result: if
+    strawberry's frame changes (here, a key it adds), the check leaves them out."""
+    from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Operation
+    from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+
+    if protocol == "graphql-transport-ws":
+
+        async def changed(self: Any, result: Any) -> None:
+            await self.send_operation_message(
+                {"id": self.id, "type": "next", "payload": {"data": result.data, "hasNext": False}}
+            )
+
+        monkeypatch.setattr(Operation, "send_next", changed)
+    else:
+
+        async def changed_legacy(self: Any, result: Any, operation_id: str) -> None:
+            await self.send_message(
+                {"id": operation_id, "type": "data", "payload": {"data": result.data}}
+            )
+
+        monkeypatch.setattr(BaseGraphQLWSHandler, "send_data_message", changed_legacy)
+    with caplog.at_level(logging.WARNING):
+        found = compat.check(Settings(fast_path=True))
+    assert found == compat.Compatibility(
+        executor=True, websocket_handlers=True, shared_frames=False
+    )
+    assert [w for w in _warnings(caplog) if "shared event frames cannot run" in w]
 
 
 def test_the_graphql_core_schema_is_required() -> None:

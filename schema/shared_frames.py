@@ -1,0 +1,110 @@
+"""Sending a subscriber the frame of an event that an identical request already rendered.
+
+The fast executor renders a subscription event once per distinct request and shown
+event (schema/executor.py); every other subscriber with that request gets the same data.
+Yet each of them still went through strawberry's whole per-result pipeline to send it: a
+graphql-core per-event step, the schema extensions' per-result hooks (seven extension
+objects entered and asked for results, about 11 us), the protocol message built and
+encoded. With 1,000 subscribers of one view that was most of the cost of an event.
+
+Here the subscription resolver (schema/subscriptions.py) hands such an event straight to
+the subscriber's socket: the payload `{"data": ...}` encoded once per request and shown
+event, written inside the protocol's own frame with the operation's id. Only for a
+result that strawberry would send as exactly that: no errors (a shared rendering never
+has any) and no extension results (none of the schema's extensions adds any unless
+tracing is on, and then this path is off). The first subscriber of each request, and any
+event not rendered yet (one whose `pool` read is still under way), take strawberry's
+pipeline as before; so does everything when the fast executor or our websocket handlers
+are not in use. Order is kept: the resolver is the stream's one producer, and it sends
+before it takes the next event, as strawberry would have.
+
+app/compat.py checks at start-up that strawberry's two protocols still send a plain
+result as the frames built here; if not, nothing goes this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from typing import Any, Final, Protocol
+
+import orjson
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+
+from app import metrics
+
+
+class TextSocket(Protocol):
+    """What the writer needs of the connection (schema/websockets.py's TextFrames)."""
+
+    async def send_text_frame(self, text: str) -> None: ...
+
+    def encode_payload(self, payload: Mapping[str, object]) -> str: ...
+
+
+# The frame of each protocol around an operation's result payload (graphql-transport-ws
+# `next`; legacy graphql-ws `data`), in strawberry's key order.
+HEADS: Final[Mapping[str, Callable[[str], str]]] = {
+    GRAPHQL_TRANSPORT_WS_PROTOCOL: lambda id_: f'{{"id":{id_},"type":"next","payload":',
+    GRAPHQL_WS_PROTOCOL: lambda id_: f'{{"type":"data","id":{id_},"payload":',
+}
+
+_SHARED = metrics.EVENT_RENDERINGS.labels("shared")
+
+
+class FrameWriter:
+    """One subscription operation's socket and frame head."""
+
+    __slots__ = ("_head", "_socket")
+
+    def __init__(self, socket: TextSocket, protocol: str, operation_id: str) -> None:
+        self._socket = socket
+        self._head = HEADS[protocol](orjson.dumps(operation_id).decode())
+
+    def frame(self, payload: str) -> str:
+        return f"{self._head}{payload}}}"
+
+    def payload(self, renderings: dict[Any, Any], key: Any, operation: object) -> str | None:
+        """The encoded payload of the data rendered for `key` (the request) in
+        `renderings` (the shown event's), or None when none is rendered yet. Encoded
+        once for every subscriber of the request."""
+        rendered = renderings.get(key)
+        if rendered is None or rendered[0] is not operation:
+            return None
+        data = rendered[1]
+        if isinstance(data, asyncio.Future):  # still under way: strawberry's path awaits it
+            return None
+        encoded = renderings.get((ENCODED, key))
+        if encoded is None or encoded[0] is not operation:
+            encoded = renderings[(ENCODED, key)] = (
+                operation,
+                self._socket.encode_payload({"data": data}),
+            )
+        payload: str = encoded[1]
+        return payload
+
+    async def send(self, payload: str) -> None:
+        await self._socket.send_text_frame(self.frame(payload))
+        _SHARED.inc()
+
+
+NO_KEY: Final[Any] = object()
+
+
+def request_key(operation: object, variable_values: Any) -> Any:
+    """A subscription request's key in an event's renderings (the fast executor's and
+    ours): (the operation node's id, its variables as canonical JSON), or NO_KEY. The
+    node itself is kept beside what is stored under it, so no other can reuse the id."""
+    coerced = getattr(variable_values, "coerced", variable_values)
+    try:
+        return (id(operation), orjson.dumps(coerced, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return NO_KEY
+
+
+ENCODED: Final = "encoded"  # the renderings key's tag for an encoded payload
+
+# Set by our websocket handlers for the task each subscription operation runs in (an
+# asyncio task starts with a copy of the context it was made in); None elsewhere.
+current_writer: ContextVar[FrameWriter | None] = ContextVar("frame_writer", default=None)
