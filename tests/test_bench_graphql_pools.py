@@ -131,7 +131,9 @@ async def test_the_quick_run_prints_every_row(
         assert float(ratio) == pytest.approx(float(service) / float(floor), abs=0.002), row
         assert float(statements) >= 1, row
         seq_floor, seq_service = (float(ms) for ms in sequential.split("/"))
-        assert float(times[:-1]) == pytest.approx(seq_service / seq_floor, rel=0.05), row
+        # `times` is printed to 0.1 and the two means to 0.01: 0.66 shows as 0.7.
+        worst = 0.05 + 0.005 * (1 + seq_service / seq_floor) / seq_floor
+        assert float(times[:-1]) == pytest.approx(seq_service / seq_floor, abs=worst), row
         # What limits it: a CPU line for each target, under load and one at a time.
         for target in ("floor", "service"):
             for asked in ("saturate, 16 conns", "saturate, 1 conn "):
