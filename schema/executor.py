@@ -39,7 +39,7 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.field import StrawberryField
 
 from app import metrics
-from schema.shared_frames import NO_KEY, request_key
+from schema.shared_frames import NO_KEY, request_key, shareable
 
 # (attribute name, serialise, nullable) for a fast field; None for any other field.
 _Plan = tuple[str, Callable[[Any], Any], bool] | None
@@ -109,7 +109,7 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
         _EXECUTED.inc()
         result = super().execute_operation(serially)
         if isinstance(result, ExecutionResult):
-            if not result.errors:
+            if shareable(result):
                 renderings[key] = (self.operation, result.data)
             return result
         if not self.is_awaitable(result):
@@ -126,7 +126,7 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
     ) -> Any:
         # Shielded: this subscriber going away does not cancel the others' rendering.
         result = await asyncio.shield(running)
-        if isinstance(result, ExecutionResult) and not result.errors:
+        if shareable(result):
             renderings[key] = (self.operation, result.data)
         elif renderings.get(key, (None, None))[1] is running:
             del renderings[key]  # not shared: the next subscriber executes its own
@@ -144,7 +144,7 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
             raise
         except Exception:
             result = None
-        if isinstance(result, ExecutionResult) and not result.errors:
+        if shareable(result):
             _SHARED.inc()
             return ExecutionResult(data=result.data, errors=None)
         # The first one failed or has errors: this subscriber's own execution reports its own.

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
 import orjson
+from graphql import ExecutionResult
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 
 from app import metrics
@@ -65,16 +67,32 @@ class FrameWriter:
     def frame(self, payload: str) -> str:
         return f"{self._head}{payload}}}"
 
-    def payload(self, renderings: dict[Any, Any], key: Any, operation: object) -> str | None:
+    async def payload(
+        self,
+        renderings: dict[Any, Any],
+        key: Any,
+        operation: object,
+        preparing: Callable[[], AbstractContextManager[object]],
+    ) -> str | None:
         """The encoded payload of the data rendered for `key` (the request) in
-        `renderings` (the shown event's), or None when none is rendered yet. Encoded
-        once for every subscriber of the request."""
+        `renderings` (the shown event's), awaiting a rendering under way (its `pool`
+        read) within `preparing` (the server's own time, not the client's); None when
+        there is none to share. Encoded once for every subscriber of the request."""
         rendered = renderings.get(key)
         if rendered is None or rendered[0] is not operation:
             return None
         data = rendered[1]
-        if isinstance(data, asyncio.Future):  # still under way: strawberry's path awaits it
-            return None
+        if isinstance(data, asyncio.Future):
+            try:
+                with preparing():
+                    result = await asyncio.shield(data)  # not cancelled for the others
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return None  # strawberry's path executes its own and reports it
+            if not shareable(result):
+                return None
+            data = result.data
         encoded = renderings.get((ENCODED, key))
         if encoded is None or encoded[0] is not operation:
             encoded = renderings[(ENCODED, key)] = (
@@ -90,6 +108,11 @@ class FrameWriter:
 
 
 NO_KEY: Final[Any] = object()
+
+
+def shareable(result: object) -> bool:
+    """A rendering other subscribers may be given: an execution that reported no error."""
+    return isinstance(result, ExecutionResult) and not result.errors
 
 
 def request_key(operation: object, variable_values: Any) -> Any:

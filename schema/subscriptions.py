@@ -185,7 +185,9 @@ class Subscription:
                 await ctx.refresh_reads()
             shown = _pool_event(event, tenant, subscription, capacity)
             if writer is not None and key is not NO_KEY:
-                payload = writer.payload(shown.renderings, key, info.operation)
+                payload = await writer.payload(
+                    shown.renderings, key, info.operation, subscription.preparing
+                )
                 if payload is not None:  # rendered for an identical request: sent as is
                     try:
                         await writer.send(payload)

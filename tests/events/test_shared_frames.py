@@ -25,6 +25,7 @@ from tests.support import Fleet
 WAIT_S = 60
 SAME = 'subscription { poolEvents(tenantId: "acme") { cursor type data } }'
 OTHER = 'subscription { poolEvents(tenantId: "acme") { cursor type occurredAt } }'
+WITH_POOL = 'subscription { poolEvents(tenantId: "acme") { cursor type data pool { id } } }'
 START = {"graphql-transport-ws": "subscribe", "graphql-ws": "start"}
 RESULT = {"graphql-transport-ws": "next", "graphql-ws": "data"}
 
@@ -59,17 +60,17 @@ async def results(ws: ClientConnection, protocol: str, count: int) -> list[str]:
 
 
 async def deliver(
-    database_url: str, fleet: Fleet, protocol: str, events: int = 2
+    database_url: str, fleet: Fleet, protocol: str, events: int = 2, same: str = SAME
 ) -> list[list[str]]:
-    """Three subscribers of one document and one of another, each on its own socket
-    with its own operation id; `events` updates; the frames each received."""
+    """Three subscribers of one document (`same`) and one of another, each on its own
+    socket with its own operation id; `events` updates; the frames each received."""
     async with (
         served(Settings(database_url=database_url)) as (app, address),
         http_api(address) as api,
     ):
         s = await Scene.start(api, fleet)
         pool_id = (await s.pool())["id"]
-        plan = [(SAME, "a"), (SAME, "bb"), (SAME, 'c"3'), (OTHER, "d")]
+        plan = [(same, "a"), (same, "bb"), (same, 'c"3'), (OTHER, "d")]
         async with (
             raw_subscriber(address, s.token, protocol, *plan[0]) as a,
             raw_subscriber(address, s.token, protocol, *plan[1]) as b,
@@ -127,6 +128,24 @@ async def test_a_shared_frame_is_the_frame_strawberry_sends(
     check_frames(received, protocol)
     # Per event, one of SAME's three subscribers took strawberry's pipeline (the first
     # to ask renders it); the other two were sent the shared frame. OTHER is alone.
+    assert len(sent) == 2 * 2
+
+
+@pytest.mark.fast_path
+async def test_subscribers_reading_pool_are_sent_the_frame_whose_read_they_awaited(
+    database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `pool` selected, the rendering awaits its read: subscribers of the same view
+    and request arriving meanwhile await that one and are sent its frame."""
+    sent = sent_counter(monkeypatch)
+    received = await deliver(database_url, fleet, "graphql-transport-ws", same=WITH_POOL)
+    same = [
+        [without_id(f, i) for f in frames]
+        for frames, i in zip(received[:3], ("a", "bb", 'c"3'), strict=True)
+    ]
+    assert same[0] == same[1] == same[2]
+    pools = [json.loads(f)["payload"]["data"]["poolEvents"]["pool"] for f in same[0]]
+    assert len(pools) == 2 and all(p is not None and set(p) == {"id"} for p in pools)
     assert len(sent) == 2 * 2
 
 
