@@ -178,11 +178,14 @@ class Subscription:
         capacity = ctx.capacity if reads_pool else None
         writer = current_writer.get()  # set by our websocket handlers when frames are shared
         key = request_key(info.operation, info.variable_values)
+        executed = reads_pool  # the previous event (or the opening) read through ctx
         async for event in subscription.stream():
-            if reads_pool:
+            if executed:
                 # What the previous event read through this context (`reservations`) is
                 # let go: its connection back to the pool, nothing stale kept for the next.
+                # (A shared frame read nothing through it.)
                 await ctx.refresh_reads()
+                executed = False
             shown = _pool_event(event, tenant, subscription, capacity)
             if writer is not None and key is not NO_KEY:
                 payload = await writer.payload(
@@ -194,4 +197,5 @@ class Subscription:
                         continue
                     except WebSocketDisconnected:
                         pass  # strawberry's path meets the closed socket as it always does
+            executed = reads_pool
             yield shown
