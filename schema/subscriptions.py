@@ -175,6 +175,10 @@ class Subscription:
         _close_when_evicted(subscription, ctx.request)
         tenant = subscription.filter.actor.tenant_id
         reads_pool = "pool" in selected_below(info, ())
+        # strawberry caches the selection on `info` (a cached_property: deleting it is how
+        # its cache is let go), which this generator keeps while it lives: ~1.5 KB a
+        # subscription, for nothing once read.
+        del info.selected_fields
         capacity = ctx.capacity if reads_pool else None
         writer = current_writer.get()  # set by our websocket handlers when frames are shared
         key = request_key(info.operation, info.variable_values)
