@@ -84,33 +84,30 @@ class PoolEvent:
         return None if detail is None else pool_from_detail(detail, self.tenant)
 
 
+def _renderings(
+    event: OutboxEvent,
+    subscription: events_relay.Subscription[PoolEventFilter],
+    capacity: Capacity | None,
+) -> dict[Any, Any]:
+    """Where the subscriber's rendering of `event` is shared: the event object's own, or
+    with `pool` selected (rendered once per event and view) its view's."""
+    if capacity is not None:
+        return cast(
+            "dict[Any, Any]",
+            event.reads.setdefault(("rendering", view_of(subscription.filter.actor)), {}),
+        )
+    return event.renderings
+
+
 def _pool_event(
     event: OutboxEvent,
     tenant: str,
     subscription: events_relay.Subscription[PoolEventFilter],
     capacity: Capacity | None,
-) -> PoolEvent:
-    if capacity is not None:  # `pool` selected: rendered once per event and view
-        renderings = event.reads.setdefault(("rendering", view_of(subscription.filter.actor)), {})
-    else:
-        # Without `pool` nothing of the subscriber's is in it but its tenant: one object
-        # for all the tenant's subscribers shown this event object.
-        shown = event.renderings.get(("event", tenant))
-        if shown is None:
-            shown = event.renderings[("event", tenant)] = _pool_event_object(
-                event, tenant, None, None, event.renderings
-            )
-        return cast(PoolEvent, shown)
-    return _pool_event_object(event, tenant, subscription, capacity, renderings)
-
-
-def _pool_event_object(
-    event: OutboxEvent,
-    tenant: str,
-    subscription: events_relay.Subscription[PoolEventFilter] | None,
-    capacity: Capacity | None,
     renderings: dict[Any, Any],
 ) -> PoolEvent:
+    # Made per subscriber that executes, never kept in `renderings`: it refers to the
+    # event, and a cycle through it would keep every event until a full collection.
     return PoolEvent(
         cursor=event.cursor,
         type=event.type,
@@ -119,7 +116,7 @@ def _pool_event_object(
         occurred_at=event.occurred_at,
         data=cast(JSON, event.data),
         tenant=tenant,
-        subscription=subscription,
+        subscription=subscription if capacity is not None else None,
         capacity=capacity,
         renderings=renderings,
         source=event,
@@ -190,10 +187,10 @@ class Subscription:
                 # (A shared frame read nothing through it.)
                 await ctx.refresh_reads()
                 executed = False
-            shown = _pool_event(event, tenant, subscription, capacity)
+            renderings = _renderings(event, subscription, capacity)
             if writer is not None and key is not NO_KEY:
                 payload = await writer.payload(
-                    shown.renderings, key, info.operation, subscription.preparing
+                    renderings, key, info.operation, subscription.preparing
                 )
                 if payload is not None:  # rendered for an identical request: sent as is
                     try:
@@ -202,4 +199,4 @@ class Subscription:
                     except WebSocketDisconnected:
                         pass  # strawberry's path meets the closed socket as it always does
             executed = reads_pool
-            yield shown
+            yield _pool_event(event, tenant, subscription, capacity, renderings)
