@@ -13,8 +13,9 @@ phase prints each process's CPU (and PostgreSQL's, for this database's backends)
 figure says which of them was the limit.
 
 1. Memory per idle subscription: the server's RSS before and after opening 1,000
-   websockets with one subscription each, divided by 1,000; then 1,000 subscriptions
-   ten to a websocket.
+   websockets with one subscription each, in two halves: the second half's growth per
+   subscription is what each further one costs (the target's figure; the first half
+   also pays the connection pools' growth); then 1,000 subscriptions ten to a websocket.
 2. Latency: events committed on a fixed schedule (200/s for 20 s), each visible to one
    tenant and so to 10 of the 1,000 subscribers; p50/p99/max from commit (the moment
    the outbox transaction returned, in the writer) to receipt (in a client process).
