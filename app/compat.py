@@ -14,8 +14,9 @@ answers exactly as the stock library would, only sooner, each switched by its ow
   handshake state;
 - `shared event frames` (with the executor and our websocket handlers, untraced;
   schema/shared_frames.py): a subscription event already rendered for an identical
-  request is written as the frame strawberry would send, which is checked here by
-  running strawberry's two send paths on a recorder.
+  request is written as the frame strawberry would send; the server checks that with
+  `usable` and shared_frames.strawberry_frame_problem (strawberry's two send paths run
+  on a recorder), since this module may not import the schema.
 
 Each is checked for the shape the fast code uses (a method's parameters, an attribute its
 instances get). A piece that fails is left out with one warning naming it and why, and
@@ -63,41 +64,29 @@ class Compatibility:
 
     executor: bool  # the fast executor (schema/executor.py), else strawberry's
     websocket_handlers: bool  # ours (schema/websockets.py), else strawberry's
-    # Shared event frames (schema/shared_frames.py): both of the above, and strawberry
-    # still sends a plain subscription result as the frames built there.
-    shared_frames: bool = False
 
 
 def check(settings: Settings) -> Compatibility:
     """Once per app: a warning for each piece that cannot run, and what can."""
-    _usable("graphql-core error messages", _messages_problem, "input errors go without `field`")
-    executor = settings.fast_executor and _usable("executor", _executor_problem)
-    handlers = _usable(
-        "websocket handlers", _websocket_handlers_problem, "strawberry's own handlers serve"
-    )
+    usable("graphql-core error messages", _messages_problem, "input errors go without `field`")
     return Compatibility(
-        executor=executor,
-        websocket_handlers=handlers,
-        shared_frames=executor
-        and handlers
-        and _usable(
-            "shared event frames",
-            _shared_frames_problem,
-            "every subscriber's event goes through strawberry's pipeline",
+        executor=settings.fast_executor and usable("executor", _executor_problem),
+        websocket_handlers=usable(
+            "websocket handlers", _websocket_handlers_problem, "strawberry's own handlers serve"
         ),
     )
 
 
 def websocket_protocol(settings: Settings) -> type[Any] | str:
     """The protocol class for `uvicorn.run(ws=...)`: the lean one when it can run."""
-    if settings.lean_websocket and _usable("websocket protocol", _websocket_protocol_problem):
+    if settings.lean_websocket and usable("websocket protocol", _websocket_protocol_problem):
         from app.websocket_protocol import LeanWebSocketProtocol
 
         return LeanWebSocketProtocol
     return STOCK_WEBSOCKET_PROTOCOL
 
 
-def _usable(piece: str, problem: Callable[[], str | None], instead: str = "") -> bool:
+def usable(piece: str, problem: Callable[[], str | None], instead: str = "") -> bool:
     try:
         found = problem()
     except Exception as exc:  # the check itself broke: the library moved under it
@@ -250,63 +239,6 @@ def _websocket_handlers_problem() -> str | None:
         ),
         _attributes_problem(_built(BaseGraphQLWSHandler), (*shared, "tasks")),
     )
-
-
-def _shared_frames_problem() -> str | None:
-    """Strawberry's two protocols send a result without errors or extensions as the frames
-    schema/shared_frames.py writes (same keys, same order)."""
-    import orjson
-    from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
-    from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Operation
-    from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
-    from strawberry.types import ExecutionResult
-
-    from schema.shared_frames import FrameWriter
-
-    class Recorder:
-        """A handler, as far as strawberry's send paths use it."""
-
-        def __init__(self) -> None:
-            self.sent: list[str] = []
-
-        async def send_message(self, message: object) -> None:
-            self.sent.append(orjson.dumps(message).decode())
-
-        def forget_id(self, _id: str) -> None: ...
-
-    class Socket:
-        """A socket, as far as the writer uses it to build a frame."""
-
-        def encode_payload(self, payload: object) -> str:
-            return orjson.dumps(payload).decode()
-
-    result = ExecutionResult(data={"poolEvents": {"cursor": "c", "n": [1, None]}}, errors=None)
-    recorder = Recorder()
-    operation = Operation(recorder, "op-1", "", None, None)  # type: ignore[arg-type]
-    sends: list[tuple[str, Callable[[], Any]]] = [
-        (GRAPHQL_TRANSPORT_WS_PROTOCOL, lambda: operation.send_next(result)),
-        (
-            GRAPHQL_WS_PROTOCOL,
-            lambda: BaseGraphQLWSHandler.send_data_message(recorder, result, "op-1"),  # type: ignore[arg-type]
-        ),
-    ]
-    for protocol, send in sends:
-        _run_at_once(send())
-        writer = FrameWriter(Socket(), protocol, "op-1")  # type: ignore[arg-type]
-        ours = writer.frame(Socket().encode_payload({"data": result.data}))
-        if recorder.sent[-1] != ours:
-            return f"{protocol} sends {recorder.sent[-1]}, not {ours}"
-    return None
-
-
-def _run_at_once(coroutine: Any) -> None:
-    """Runs a coroutine that awaits nothing that suspends (no event loop needed)."""
-    try:
-        coroutine.send(None)
-    except StopIteration:
-        return
-    coroutine.close()
-    raise RuntimeError("the send path suspended")
 
 
 def _built(handler: type) -> object:

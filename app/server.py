@@ -35,6 +35,7 @@ from app.rate_limit import RateLimiter
 from app.rest.errors import error_response, http_error
 from app.rest.routes import routes
 from app.security_headers import PAGE_BASE, SecurityHeaders
+from schema import shared_frames
 from schema.app import build_schema
 from schema.graphiql import assets_endpoint
 from schema.view import GraphQLView
@@ -141,7 +142,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         settings,
         our_websocket_handlers=pieces.websocket_handlers,
         tracing=traced,
-        shared_frames=pieces.shared_frames,
+        shared_frames=pieces.executor
+        and pieces.websocket_handlers
+        and compat.usable(
+            "shared event frames",
+            shared_frames.strawberry_frame_problem,
+            "every subscriber's event goes through strawberry's pipeline",
+        ),
     )
     middleware = [
         # Outermost: request ids, metrics and logs see every answer.

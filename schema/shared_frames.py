@@ -18,8 +18,8 @@ pipeline as before; so does everything when the fast executor or our websocket h
 are not in use. Order is kept: the resolver is the stream's one producer, and it sends
 before it takes the next event, as strawberry would have.
 
-app/compat.py checks at start-up that strawberry's two protocols still send a plain
-result as the frames built here; if not, nothing goes this way.
+At start-up the server checks (strawberry_frame_problem) that strawberry's two protocols
+still send a plain result as the frames built here; if not, nothing goes this way.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from typing import Any, Final, Protocol
 import orjson
 from graphql import ExecutionResult
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Operation
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types import ExecutionResult as StrawberryResult
 
 from app import metrics
 
@@ -133,3 +136,54 @@ ENCODED: Final = "encoded"  # the renderings key's tag for an encoded payload
 # Set by our websocket handlers for the task each subscription operation runs in (an
 # asyncio task starts with a copy of the context it was made in); None elsewhere.
 current_writer: ContextVar[FrameWriter | None] = ContextVar("frame_writer", default=None)
+
+
+def strawberry_frame_problem() -> str | None:
+    """Strawberry's two protocols send a result without errors or extensions as the frames
+    written here (same keys, same order); None when they do, else what differs. Run
+    once by the server (app/server.py, through app.compat.usable)."""
+
+    class Recorder:
+        """A handler, as far as strawberry's send paths use it."""
+
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def send_message(self, message: object) -> None:
+            self.sent.append(orjson.dumps(message).decode())
+
+        def forget_id(self, _id: str) -> None: ...
+
+    class Socket:
+        """A socket, as far as the writer uses it to build a frame."""
+
+        def encode_payload(self, payload: object) -> str:
+            return orjson.dumps(payload).decode()
+
+    result = StrawberryResult(data={"poolEvents": {"cursor": "c", "n": [1, None]}}, errors=None)
+    recorder = Recorder()
+    operation = Operation(recorder, "op-1", "", None, None)  # type: ignore[arg-type]
+    sends: list[tuple[str, Callable[[], Any]]] = [
+        (GRAPHQL_TRANSPORT_WS_PROTOCOL, lambda: operation.send_next(result)),
+        (
+            GRAPHQL_WS_PROTOCOL,
+            lambda: BaseGraphQLWSHandler.send_data_message(recorder, result, "op-1"),  # type: ignore[arg-type]
+        ),
+    ]
+    for protocol, send in sends:
+        _run_at_once(send())
+        writer = FrameWriter(Socket(), protocol, "op-1")  # type: ignore[arg-type]
+        ours = writer.frame(Socket().encode_payload({"data": result.data}))
+        if recorder.sent[-1] != ours:
+            return f"{protocol} sends {recorder.sent[-1]}, not {ours}"
+    return None
+
+
+def _run_at_once(coroutine: Any) -> None:
+    """Runs a coroutine that awaits nothing that suspends (no event loop needed)."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("the send path suspended")

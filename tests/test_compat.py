@@ -26,6 +26,7 @@ from app import compat
 from app.config import Settings
 from app.server import create_app
 from app.websocket_protocol import LeanWebSocketProtocol
+from schema import shared_frames
 from schema.executor import FastFieldsExecutor
 from schema.view import GraphQLView
 from schema.websockets import LegacyWSHandler
@@ -74,16 +75,14 @@ def test_with_the_pinned_libraries_every_piece_runs(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING):
         fast = compat.check(Settings(fast_path=True))
         protocol = compat.websocket_protocol(Settings(fast_path=True))
-    assert fast == compat.Compatibility(executor=True, websocket_handlers=True, shared_frames=True)
+    assert fast == compat.Compatibility(executor=True, websocket_handlers=True)
     assert protocol is LeanWebSocketProtocol
     assert _warnings(caplog) == []
 
 
 def test_fast_path_off_leaves_every_fast_piece_out() -> None:
     plain = Settings(fast_path=False)
-    assert compat.check(plain) == compat.Compatibility(
-        executor=False, websocket_handlers=True, shared_frames=False
-    )
+    assert compat.check(plain) == compat.Compatibility(executor=False, websocket_handlers=True)
     assert compat.websocket_protocol(plain) == "websockets-sansio"
     schema = _view(create_app(plain)).schema
     assert schema.execution_context_class is StrawberryGraphQLCoreExecutionContext  # type: ignore[attr-defined]
@@ -114,12 +113,17 @@ def test_a_changed_result_frame_turns_the_shared_frames_off(
             )
 
         monkeypatch.setattr(BaseGraphQLWSHandler, "send_data_message", changed_legacy)
+    assert shared_frames.strawberry_frame_problem() is not None
     with caplog.at_level(logging.WARNING):
-        found = compat.check(Settings(fast_path=True))
-    assert found == compat.Compatibility(
-        executor=True, websocket_handlers=True, shared_frames=False
-    )
+        view = _view(create_app(Settings(fast_path=True)))
+    assert view.shared_frames is False
     assert [w for w in _warnings(caplog) if "shared event frames cannot run" in w]
+
+
+def test_with_the_pinned_libraries_event_frames_are_shared() -> None:
+    assert shared_frames.strawberry_frame_problem() is None
+    assert _view(create_app(Settings(fast_path=True))).shared_frames is True
+    assert _view(create_app(Settings(fast_path=False))).shared_frames is False
 
 
 def test_the_graphql_core_schema_is_required() -> None:

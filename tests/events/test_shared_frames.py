@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from app import compat
 from app.config import Settings
+from schema import shared_frames
 from schema.shared_frames import FrameWriter
 from tests.events.conftest import served
 from tests.events.support import emit_updates, wait_until
@@ -156,7 +156,7 @@ async def test_strawberry_sends_every_frame_when_the_shared_ones_cannot_run(
     """When the start-up check finds them unusable (tests/test_compat.py changes
     strawberry's send path), every subscriber goes through strawberry's pipeline and
     receives the same frames."""
-    monkeypatch.setattr(compat, "_shared_frames_problem", lambda: "changed")
+    monkeypatch.setattr(shared_frames, "strawberry_frame_problem", lambda: "changed")
     sent = sent_counter(monkeypatch)
     received = await deliver(database_url, fleet, "graphql-transport-ws")
     check_frames(received, "graphql-transport-ws")
