@@ -119,7 +119,9 @@ EVENT_RENDERINGS = Counter(
     "bettercompute_event_renderings_total",
     "Subscription events rendered by the fast executor (schema/executor.py): `executed` "
     "ran a GraphQL execution, `shared` reused the one an earlier subscriber's identical "
-    "request ran for the same event (and view); executed per event shows the sharing",
+    "request ran for the same event (and view) through strawberry's pipeline, `frame` "
+    "was sent that rendering's frame directly (schema/shared_frames.py); executed per "
+    "event shows the sharing",
     ["how"],
 )
 SUBSCRIPTIONS_REFUSED = Counter(

@@ -136,6 +136,7 @@ def subscription_bounds(subscribers: int) -> dict[str, str]:
 COUNTERS = {
     'bettercompute_event_renderings_total{how="executed"}': "executed",
     'bettercompute_event_renderings_total{how="shared"}': "shared",
+    'bettercompute_event_renderings_total{how="frame"}': "frame",
     "bettercompute_event_pool_reads_total": "reads",
     "bettercompute_websockets_open": "websockets",
     "bettercompute_subscriptions_open": "subscriptions",
@@ -159,13 +160,14 @@ def work_line(
 ) -> str:
     """Executions and pool reads per event, beside the floor the sharing promises."""
     used = {k: after[k] - before[k] for k in after}
-    rendered = used["executed"] + used["shared"]
+    rendered = used["executed"] + used["shared"] + used["frame"]
     if rendered == 0:
         executions = "executions not counted (the fast executor is off: see the server log)"
     else:
         executions = (
             f"{used['executed'] / events:.2f} GraphQL executions per event (floor "
-            f"{requests}; {used['shared'] / events:.0f} shared)"
+            f"{requests}; {used['frame'] / events:.0f} sent as a shared frame, "
+            f"{used['shared'] / events:.0f} shared through strawberry's pipeline)"
         )
     return (
         f"   the server's work: {executions}, {used['reads'] / events:.2f} pool reads per "

@@ -55,7 +55,7 @@ HEADS: Final[Mapping[str, Callable[[str], str]]] = {
     GRAPHQL_WS_PROTOCOL: lambda id_: f'{{"type":"data","id":{id_},"payload":',
 }
 
-_SHARED = metrics.EVENT_RENDERINGS.labels("shared")
+_FRAMED = metrics.EVENT_RENDERINGS.labels("frame")
 
 
 class FrameWriter:
@@ -107,7 +107,7 @@ class FrameWriter:
 
     async def send(self, payload: str) -> None:
         await self._socket.send_text_frame(self.frame(payload))
-        _SHARED.inc()
+        _FRAMED.inc()
 
 
 NO_KEY: Final[Any] = object()

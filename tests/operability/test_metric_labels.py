@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "outcome": {"answered", "declined", "commit", "rollback"},
     "role": {"writer", "reader"},
     "budget": {"requests", "cost"},
-    "how": {"executed", "shared"},  # bettercompute_event_renderings_total
+    "how": {"executed", "shared", "frame"},  # bettercompute_event_renderings_total
 }
 
 
