@@ -40,9 +40,21 @@ marks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, String, and_, literal, or_, select, true, union_all
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    literal,
+    or_,
+    select,
+    true,
+    union_all,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -152,19 +164,22 @@ class UsageChanges:
         return self.reach == UsageMark(self.horizon)
 
 
-def _after(mark: UsageMark, stamp: Any, key: tuple[Any, ...]) -> Any:
-    """Rows past `mark`, below it on the stamp (the read's range starts at mark.stamp)."""
-    if not mark.key:
+def _after(keyed: bool, stamp: Any, key: tuple[Any, ...]) -> Any:
+    """Rows past the mark (binds `since`, and `k0`..`k2` when `keyed`), below it on the
+    stamp (the read's range starts at the mark's stamp)."""
+    if not keyed:
         return true()
-    past: Any = _Bytewise(key[-1]) > mark.key[-1]
-    for column, value in zip(reversed(key[:-1]), reversed(mark.key[:-1]), strict=True):
+    marks = [bindparam(f"k{n}", type_=String()) for n in range(len(key))]
+    past: Any = _Bytewise(key[-1]) > marks[-1]
+    for column, value in zip(reversed(key[:-1]), reversed(marks[:-1]), strict=True):
         past = or_(_Bytewise(column) > value, and_(column == value, past))
-    return or_(stamp > mark.stamp, past)
+    return or_(stamp > bindparam("since", type_=BigInteger()), past)
 
 
-def _stamped(since: UsageMark, horizon: Any, limit: int) -> Any:
-    """The first `limit` rows past `since` stamped below `horizon`, in (stamp, key) order,
-    of either table: each table's read stops after `limit` rows of its index order."""
+def _stamped(keyed: bool, horizon: Any) -> Any:
+    """The first `limit` rows past the mark stamped below `horizon`, in (stamp, key)
+    order, of either table: each table's read stops after `limit` rows of its index
+    order. Binds `since`, `limit` and, when `keyed`, the mark's key."""
     reads = []
     for stamp, key in (
         (QuotaRow.usage_tx, (QuotaRow.pool_id, QuotaRow.tenant_id, QuotaRow.resource)),
@@ -177,13 +192,37 @@ def _stamped(since: UsageMark, horizon: Any, limit: int) -> Any:
                 key[2].label("resource"),
                 stamp.label("stamp"),
             )
-            .where(stamp >= since.stamp, stamp < horizon, _after(since, stamp, key))
+            .where(
+                stamp >= bindparam("since", type_=BigInteger()),
+                stamp < horizon,
+                _after(keyed, stamp, key),
+            )
             .order_by(stamp, *(_Bytewise(c) for c in key))
-            .limit(limit)
+            .limit(bindparam("limit", type_=Integer()))
             .subquery()
         )
         reads.append(select(*read.c))
     return union_all(*reads).subquery("stamped")
+
+
+def _horizon_cte() -> Any:
+    return select(UsageHorizon().label("h")).cte("h")
+
+
+@cache
+def _changes_statement(keyed: bool) -> Any:
+    """The read of usage_changes, built once per shape (a mark with or without a key):
+    built every round (ten a second) it cost more CPU than the relay's fan-out."""
+    h = _horizon_cte()
+    stamped = _stamped(keyed, select(h.c.h).scalar_subquery())
+    key = (stamped.c.pool_id, stamped.c.tenant_key, stamped.c.resource)
+    return (
+        select(h.c.h, stamped.c.stamp, *key)
+        .select_from(h)
+        .outerjoin(stamped, true())
+        .order_by(stamped.c.stamp, *(_Bytewise(c) for c in key))
+        .limit(bindparam("limit", type_=Integer()))
+    )
 
 
 async def usage_changes(
@@ -192,23 +231,15 @@ async def usage_changes(
     """The horizon now and, with `since`, the first `limit` rows past it stamped below the
     horizon (stamp, then key order), read in one statement and grouped into row sets.
     Without `since`, the horizon alone (a starting point)."""
-    h = select(UsageHorizon().label("h")).cte("h")
     if since is None:
+        h = _horizon_cte()
         horizon = int((await executor.execute(select(h.c.h))).scalar_one())
         return UsageChanges(horizon, UsageMark(horizon), ())
     if limit < 1:
         raise ValueError("a usage read takes at least one row")
-    stamped = _stamped(since, select(h.c.h).scalar_subquery(), limit)
-    key = (stamped.c.pool_id, stamped.c.tenant_key, stamped.c.resource)
-    rows = (
-        await executor.execute(
-            select(h.c.h, stamped.c.stamp, *key)
-            .select_from(h)
-            .outerjoin(stamped, true())
-            .order_by(stamped.c.stamp, *(_Bytewise(c) for c in key))
-            .limit(limit)
-        )
-    ).all()
+    bound: dict[str, int | str] = {"since": since.stamp, "limit": limit}
+    bound.update({f"k{n}": value for n, value in enumerate(since.key)})
+    rows = (await executor.execute(_changes_statement(bool(since.key)), bound)).all()
     horizon = int(rows[0].h)
     marks = [
         UsageMark(int(r.stamp), (r.pool_id, r.tenant_key, r.resource))
