@@ -45,13 +45,8 @@ async def subscribed(app: Starlette, count: int) -> None:
     await wait_until(lambda: relay.subscriptions >= count)
 
 
-@pytest.mark.fast_path  # schema/executor.py shares the rendering
-async def test_an_event_is_rendered_once_per_distinct_request(
-    database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Subscribers shown the same event with the same document and variables share one
-    execution; another document is its own; a subscription reading `pool` (its own
-    read) is executed for each subscriber. Each still receives exactly its event."""
+def counted_executions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The cursor of each event a GraphQL execution runs for, from now on."""
     executions: list[str] = []
     execute = Executor.execute_operation
 
@@ -61,6 +56,17 @@ async def test_an_event_is_rendered_once_per_distinct_request(
         return execute(self, serially)
 
     monkeypatch.setattr(Executor, "execute_operation", counted)
+    return executions
+
+
+@pytest.mark.fast_path  # schema/executor.py shares the rendering
+async def test_an_event_is_rendered_once_per_distinct_request(
+    database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Subscribers shown the same event with the same document and variables share one
+    execution; another document is its own; a subscription reading `pool` (its own
+    read) is executed for each subscriber. Each still receives exactly its event."""
+    executions = counted_executions(monkeypatch)
     async with (
         served(Settings(database_url=database_url)) as (app, address),
         http_api(address) as api,
@@ -101,15 +107,7 @@ async def test_subscribers_of_one_view_share_the_execution_that_reads_pool(
     the subscribers of one view share the execution that awaits that read too: three
     sockets of one viewer and two of another caller with the same role (one view), and
     the owner's admin (another view), cost two executions and two reads per event."""
-    executions: list[str] = []
-    execute = Executor.execute_operation
-
-    def counted(self: Executor, serially: bool | None = None) -> Any:
-        if isinstance(self.root_value, PoolEvent):
-            executions.append(self.root_value.cursor)
-        return execute(self, serially)
-
-    monkeypatch.setattr(Executor, "execute_operation", counted)
+    executions = counted_executions(monkeypatch)
     async with (
         served(Settings(database_url=database_url)) as (app, address),
         http_api(address) as api,
