@@ -4,6 +4,7 @@ docs/events.md). Resolvers translate to the domain and back; nothing else."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Annotated, Any, Final, cast
@@ -174,8 +175,9 @@ class Subscription:
         reads_pool = "pool" in selected_below(info, ())
         # strawberry caches the selection on `info` (a cached_property: deleting it is how
         # its cache is let go), which this generator keeps while it lives: ~1.5 KB a
-        # subscription, for nothing once read.
-        del info.selected_fields
+        # subscription, for nothing once read. (Nothing to let go if it stops caching.)
+        with contextlib.suppress(AttributeError):
+            del info.selected_fields
         capacity = ctx.capacity if reads_pool else None
         writer = current_writer.get()  # set by our websocket handlers when frames are shared
         key = request_key(info.operation, info.variable_values)
