@@ -121,6 +121,8 @@ async def test_subscribers_of_one_view_share_the_execution_that_reads_pool(
             for token in tokens
         ]
         await subscribed(app, len(streams))
+        # Live, not still reading the outbox: an event read there is each one's own.
+        await wait_until(lambda: app.state.relay.live_subscriptions >= len(streams))
         capacity: Capacity = app.state.capacity
         reads = capacity.event_reads.reads
         await emit_updates(capacity, pool_id, "acme", 2)
