@@ -45,6 +45,18 @@ async def subscribed(app: Starlette, count: int) -> None:
     await wait_until(lambda: relay.subscriptions >= count)
 
 
+async def live_streams(app: Starlette, address: str, plan: list[tuple[str, str]]) -> list[Stream]:
+    """A stream per (document, token) of tenant acme, once every one is live: one still
+    reading the outbox is shown its own event object, so it executes on its own."""
+    streams = [
+        Stream(ws_client(address, token, PROTOCOL), document, tenantId="acme")
+        for document, token in plan
+    ]
+    await subscribed(app, len(streams))
+    await wait_until(lambda: app.state.relay.live_subscriptions >= len(streams))
+    return streams
+
+
 def counted_executions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The cursor of each event a GraphQL execution runs for, from now on."""
     executions: list[str] = []
@@ -76,13 +88,7 @@ async def test_an_event_is_rendered_once_per_distinct_request(
         viewers = [await fleet.caller("acme", "viewer") for _ in range(4)]
         plan = [(LIGHT, viewers[0]), (LIGHT, viewers[1]), (LIGHT, viewers[2]), (OTHER, s.token)]
         plan += [(WITH_POOL, viewers[3]), (WITH_POOL, s.token)]
-        streams = [
-            Stream(ws_client(address, token, PROTOCOL), document, tenantId="acme")
-            for document, token in plan
-        ]
-        await subscribed(app, len(streams))
-        # Live, not still reading the outbox: an event read there is each one's own.
-        await wait_until(lambda: app.state.relay.live_subscriptions >= len(streams))
+        streams = await live_streams(app, address, plan)
         capacity: Capacity = app.state.capacity
         await emit_updates(capacity, pool_id, "acme", 1)
         received = [await stream.next() for stream in streams]
@@ -116,13 +122,7 @@ async def test_subscribers_of_one_view_share_the_execution_that_reads_pool(
         pool_id = (await s.pool())["id"]
         viewer, other_viewer = [await fleet.caller("acme", "viewer") for _ in range(2)]
         tokens = [viewer] * 3 + [other_viewer] * 2 + [s.token]
-        streams = [
-            Stream(ws_client(address, token, PROTOCOL), WITH_POOL, tenantId="acme")
-            for token in tokens
-        ]
-        await subscribed(app, len(streams))
-        # Live, not still reading the outbox: an event read there is each one's own.
-        await wait_until(lambda: app.state.relay.live_subscriptions >= len(streams))
+        streams = await live_streams(app, address, [(WITH_POOL, token) for token in tokens])
         capacity: Capacity = app.state.capacity
         reads = capacity.event_reads.reads
         await emit_updates(capacity, pool_id, "acme", 2)
