@@ -86,6 +86,7 @@ from app.db.engine import Database
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
 from app.iam.principal import Principal
 from app.iam.roles import CAPACITY_READ, POOLS_READ
+from app.metrics import statement_sent
 
 # json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
 MAX_KEYS = 50
@@ -440,18 +441,26 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
 
 async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | None:
     """One round trip: on PostgreSQL's direct pool (app/db/direct.py), prepared once per
-    connection; else on a read connection of the engine: SQLite's, or PostgreSQL's in a
-    transaction behind PgBouncer (its statement timeout is SET LOCAL there,
-    app/db/engine.py), both through SQLAlchemy's events (counted and traced there)."""
+    connection; else on a read connection of the engine: PostgreSQL's in a transaction
+    behind PgBouncer (its statement timeout is SET LOCAL there, app/db/engine.py), or its
+    asyncpg connection itself; SQLite's aiosqlite connection itself, outside a
+    transaction (one SELECT reads one snapshot; a BEGIN would cost a round trip through
+    aiosqlite's thread as long as the one-pool statement). Past SQLAlchemy's events, the
+    statement is counted and traced here (app/db/direct.py's `traced`)."""
     if db.direct is not None:
         value = await db.direct.fetchval(sql, params)
         return value if isinstance(value, str) else None
     async with db.reader.connect() as conn:
-        if db.dialect != "postgresql" or db.pooled_by_transaction:
+        if db.pooled_by_transaction:
             value = (await conn.exec_driver_sql(sql, params)).scalar()
         else:
             raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection  # asyncpg's Connection
+            driver: Any = raw.driver_connection  # asyncpg's, or aiosqlite's, Connection
             with traced(sql):  # past SQLAlchemy's events: its span is ours
-                value = await driver.fetchval(sql, *params)
+                if db.dialect == "sqlite":
+                    statement_sent()
+                    rows = await driver.execute_fetchall(sql, params)
+                    value = rows[0][0] if rows else None
+                else:
+                    value = await driver.fetchval(sql, *params)
     return value if isinstance(value, str) else None
