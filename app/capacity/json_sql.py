@@ -60,29 +60,25 @@ def per_dialect(element: type[FunctionElement[Any]], **templates: str) -> None:
 class JsonObject(FunctionElement[Any]):
     """An object of alternating keys (`sql_literal`) and values: `json_object` below."""
 
-    name = "json_object"
-    inherit_cache = True
+    name, inherit_cache = "json_object", True
 
 
 class JsonNested(FunctionElement[Any]):
     """A JSON value (a subquery's, a CASE's, a JSON column's) nested in an object as JSON."""
 
-    name = "json_nested"
-    inherit_cache = True
+    name, inherit_cache = "json_nested", True
 
 
 class JsonBool(FunctionElement[Any]):
     """A condition as JSON true, false or null."""
 
-    name = "json_bool"
-    inherit_cache = True
+    name, inherit_cache = "json_bool", True
 
 
 class JsonIsEmptyObject(FunctionElement[bool]):
     """Whether a JSON column holds `{}` (a role binding not narrowed by conditions)."""
 
-    name = "json_is_empty_object"
-    inherit_cache = True
+    name, inherit_cache = "json_is_empty_object", True
     type = Boolean()
 
 
