@@ -108,9 +108,10 @@ class Plan:
 FULL = Plan(
     seconds=10, rounds=2, sequential_seconds=5, warmup_seconds=2, sizes=(100, 10, 1000, 200)
 )
-# No warm-up run: the checks and the statement count before the runs warm both up.
+# No warm-up run: the checks and the statement count before the runs warm both up. Under
+# a minute a dialect.
 QUICK = Plan(
-    seconds=3, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
+    seconds=2, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
 )
 
 
@@ -734,7 +735,7 @@ class Store:
 
     url: str  # the service's BETTERCOMPUTE_DATABASE_URL
     floor_env: dict[str, str]  # where the floor finds it
-    version: str  # the database's, for the heading
+    version: str  # the database's (PostgreSQL: the server's; SQLite: the library's)
     database: str | None = None  # PostgreSQL: the bench database's name
     monitor: asyncpg.Connection | None = None  # PostgreSQL: reads its backends
 
@@ -745,11 +746,11 @@ async def postgresql_store() -> AsyncIterator[Store]:
         dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         monitor = await asyncpg.connect(dsn)
         try:
-            version = await monitor.fetchval("SHOW server_version")
+            version = await monitor.fetchval("SHOW server_version")  # 15.20 (Debian ...)
             yield Store(
                 url,
                 {"BENCH_FLOOR_DSN": dsn},
-                f"PostgreSQL {version}",
+                version.split()[0],
                 make_url(url).database,
                 monitor,
             )
@@ -762,7 +763,7 @@ async def sqlite_store() -> AsyncIterator[Store]:
     async with bench_sqlite_database() as url:
         path = sqlite_file(url)
         assert path is not None, url
-        yield Store(url, {"BENCH_FLOOR_SQLITE": path}, f"SQLite {sqlite3.sqlite_version}")
+        yield Store(url, {"BENCH_FLOOR_SQLITE": path}, sqlite3.sqlite_version)
 
 
 @dataclass(frozen=True)
@@ -873,7 +874,7 @@ async def measure(
 
 async def run_dialect(dialect: Dialect, plan: Plan, generator: LoadGenerator, logs: Path) -> None:
     async with dialect.store() as store:
-        print(f"\n== {dialect.title} ({store.version}); database: {dialect.database_cpu}")
+        print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
         print(f"uptime at start: {uptime()}")
         print(
             "service: uvicorn --factory app.server:app_from_env, one process, on"
