@@ -63,10 +63,10 @@ class Size:
     readers: int  # callers of generated roles, beyond those every owner gets
 
 
-DEFAULT = Size(roots=2, depth=3, branches=2, pools=(2, 4), offers=(1, 2), readers=8)
+DEFAULT = Size(roots=2, depth=3, branches=2, pools=(2, 4), offers=(1, 2), readers=6)
 # The one-sided changes' runs: the cases every world holds, little else.
 BITE = Size(roots=2, depth=3, branches=0, pools=(2, 3), offers=(1, 2), readers=3)
-SOAK = Size(roots=3, depth=4, branches=6, pools=(4, 8), offers=(1, 4), readers=24)
+SOAK = Size(roots=4, depth=4, branches=10, pools=(4, 8), offers=(1, 4), readers=40)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,8 @@ class World:
     refused_writes: list[str] = field(default_factory=list)  # generated writes refused
 
     def lineage(self, tenant: str) -> list[str]:
-        chain, at = [], tenant
+        chain: list[str] = []
+        at: str | None = tenant
         while at is not None:
             chain.append(at)
             at = self.tenants.get(at)
