@@ -1,11 +1,14 @@
-"""A throwaway PostgreSQL database per benchmark run, migrated to head, dropped after."""
+"""A throwaway database per benchmark run, migrated to head, dropped after: on PostgreSQL
+(`bench_database`) or an SQLite file, the embedded default (`bench_sqlite_database`)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -37,3 +40,13 @@ async def bench_database() -> AsyncIterator[str]:
         yield url
     finally:
         await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@asynccontextmanager
+async def bench_sqlite_database() -> AsyncIterator[str]:
+    """The URL of a fresh, migrated SQLite file (the service's own URL form, app/config.py:
+    `sqlite+aiosqlite:///path`), removed with its WAL when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="bc-bench-sqlite-") as directory:
+        url = f"sqlite+aiosqlite:///{Path(directory) / 'bench.db'}"
+        await upgrade(url)
+        yield url

@@ -47,7 +47,6 @@ import multiprocessing
 import os
 import resource
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -66,7 +65,7 @@ from app.db.engine import Database, create_database
 from app.iam.callers import authenticate, create_caller
 from bench.database import bench_database
 from bench.fanout_workers import Failed, clients_main, writer_main
-from bench.proc import cpu_s
+from bench.proc import Profiler, cpu_s
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -345,46 +344,6 @@ class Processes:
             if got >= expected or time.monotonic() > deadline:
                 return got
             await asyncio.sleep(0.05)
-
-
-class Profiler:
-    """`--profile DIR`: py-spy samples the server through a phase (needs `py-spy` on
-    PATH or in the venv; not a project dependency). Writes collapsed stacks (DIR/name.txt,
-    for flamegraph tools or a grep) of the server's event loop thread."""
-
-    def __init__(self, directory: str | None, pid: int) -> None:
-        self.directory = Path(directory) if directory else None
-        self.pid = pid
-        self.running: subprocess.Popen[bytes] | None = None
-
-    def start(self, name: str) -> None:
-        if self.directory is None:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        spy = Path(sys.executable).with_name("py-spy")
-        self.running = subprocess.Popen(
-            [
-                str(spy if spy.exists() else "py-spy"),
-                "record",
-                "--pid",
-                str(self.pid),
-                "--format",
-                "raw",
-                "--rate",
-                "200",
-                "--nonblocking",
-                "--output",
-                str(self.directory / f"{name}.txt"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def stop(self) -> None:
-        if self.running is not None:
-            self.running.send_signal(signal.SIGINT)
-            self.running.wait(30)
-            self.running = None
 
 
 def cpu_line(before: dict[str, float], after: dict[str, float], seconds: float) -> str:

@@ -1,12 +1,16 @@
-"""The floor for bench/graphql_pools.py: bare Starlette endpoints answering each measured
-query with one hand-written SQL statement that builds the whole JSON answer in PostgreSQL
-(the same data as the service's answer: same fields, order and cursors). No
+"""The floors for bench/graphql_pools.py: bare Starlette endpoints answering each measured
+query with one hand-written SQL statement that builds the whole JSON answer in the
+database (the same data as the service's answer: same fields, order and cursors). No
 authentication, no IAM, no validation: the least work that answers the same data.
 
 - `/dashboard?tenant&first&after`: the GraphQL dashboard page (`data.pools`)
 - `/pool?tenant&pool`: the GraphQL one-pool query (`data.pool` with its quotas)
 - `/rest/pools/get?tenant&pool`: REST `pools/get` as a guest tenant sees the pool
   (`offers` is null: they are the owner's), the shape of app/rest/render.py
+
+The routes are written once here (`floor_app`); each dialect gives its three statements
+and how to run one: PostgreSQL's below (asyncpg, `json_build_object`/`json_agg`), SQLite's
+in bench/floor_sqlite.py (aiosqlite, `json_object`/`json_group_array`).
 
     BENCH_FLOOR_DSN=postgresql://... uvicorn bench.floor:app
 """
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 
 import asyncpg
 from starlette.applications import Starlette
@@ -88,44 +93,73 @@ FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.
 """
 
 
-@asynccontextmanager
-async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    app.state.pool = await asyncpg.create_pool(os.environ["BENCH_FLOOR_DSN"], max_size=16)
-    try:
-        yield
-    finally:
-        await app.state.pool.close()
+# A statement's one value (the JSON text), or None when it returns no row.
+Fetch = Callable[..., Awaitable[str | None]]
 
 
-async def dashboard(request: Request) -> Response:
-    q = request.query_params
-    after = q.get("after")
-    after_id = None
-    if after:
-        after_id = base64.urlsafe_b64decode(after).decode().removeprefix("v1:")
-    body = await request.app.state.pool.fetchval(
-        DASHBOARD_PAGE, q["tenant"], after_id, int(q.get("first", "100"))
+@dataclass(frozen=True)
+class Statements:
+    """One dialect's statements. Each takes its parameters in this order, positionally."""
+
+    dashboard: str  # tenant, the id the page starts after (None: the first page), first
+    one_pool: str  # tenant, pool
+    rest_get: str  # tenant, pool
+
+
+def floor_app(
+    statements: Statements, connect: Callable[[], AbstractAsyncContextManager[Fetch]]
+) -> Starlette:
+    """The floor's routes over one dialect: each request one `fetch` of one statement.
+    `connect` opens the connections for the app's lifetime and gives the fetch."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with connect() as fetch:
+            app.state.fetch = fetch
+            yield
+
+    async def dashboard(request: Request) -> Response:
+        q = request.query_params
+        after = q.get("after")
+        after_id = None
+        if after:
+            after_id = base64.urlsafe_b64decode(after).decode().removeprefix("v1:")
+        body = await request.app.state.fetch(
+            statements.dashboard, q["tenant"], after_id, int(q.get("first", "100"))
+        )
+        return Response(body, media_type="application/json")
+
+    async def one_pool(request: Request) -> Response:
+        q = request.query_params
+        body = await request.app.state.fetch(statements.one_pool, q["tenant"], q["pool"])
+        return Response(body, media_type="application/json")
+
+    async def rest_get(request: Request) -> Response:
+        q = request.query_params
+        body = await request.app.state.fetch(statements.rest_get, q["tenant"], q["pool"])
+        return Response(body, media_type="application/json")
+
+    return Starlette(
+        routes=[
+            Route("/dashboard", dashboard),
+            Route("/pool", one_pool),
+            Route("/rest/pools/get", rest_get),
+        ],
+        lifespan=lifespan,
     )
-    return Response(body, media_type="application/json")
 
 
-async def one_pool(request: Request) -> Response:
-    q = request.query_params
-    body = await request.app.state.pool.fetchval(ONE_POOL, q["tenant"], q["pool"])
-    return Response(body, media_type="application/json")
+POSTGRESQL = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET)
+POOL_SIZE = 16
 
 
-async def rest_get(request: Request) -> Response:
-    q = request.query_params
-    body = await request.app.state.pool.fetchval(REST_GET, q["tenant"], q["pool"])
-    return Response(body, media_type="application/json")
+@asynccontextmanager
+async def postgresql_pool() -> AsyncIterator[Fetch]:
+    pool = await asyncpg.create_pool(os.environ["BENCH_FLOOR_DSN"], max_size=POOL_SIZE)
+    try:
+        yield pool.fetchval
+    finally:
+        await pool.close()
 
 
-app = Starlette(
-    routes=[
-        Route("/dashboard", dashboard),
-        Route("/pool", one_pool),
-        Route("/rest/pools/get", rest_get),
-    ],
-    lifespan=lifespan,
-)
+app = floor_app(POSTGRESQL, postgresql_pool)

@@ -1,23 +1,31 @@
 """Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST)
-against a floor, driven by a native load generator (printed figures, docs/performance.md).
+against a floor, driven by a native load generator (printed figures, docs/performance.md),
+on PostgreSQL and on the embedded SQLite default, one table each.
 
-    .venv/bin/python -m bench.graphql_pools            # about 6 minutes
-    .venv/bin/python -m bench.graphql_pools --quick    # a smoke test, under a minute
+    .venv/bin/python -m bench.graphql_pools                    # both, about 12 minutes
+    .venv/bin/python -m bench.graphql_pools --dialect sqlite   # one of them
+    .venv/bin/python -m bench.graphql_pools --quick            # a smoke test, under a
+                                                               # minute a dialect
 
-Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL). Installs `wrk` with apt-get on
-first use (bench/native_load.py; autocannon from npm when apt cannot).
+PostgreSQL needs a server at 127.0.0.1:5432 (BENCH_POSTGRES_URL); SQLite needs nothing.
+Installs `wrk` with apt-get on first use (bench/native_load.py; autocannon from npm when
+apt cannot).
 
-Creates a fresh PostgreSQL database (dropped at the end) and seeds 1,000 pools owned by a
-provider tenant, offered to four tenants who see the first 10, 100, 200 and 1,000 of them;
-each pool has 4 quota rows per tenant and 3 capacity rows. Starts the real service
-(`uvicorn --factory app.server:app_from_env`, one process) and the floor (bench/floor.py:
-one hand-written SQL statement per request builds the whole JSON answer, its own uvicorn
-process), checks that they answer the same data for every request below, then, for each
-query, runs wrk against the floor and the service in turn (16 connections, closed loop:
-the rate achieved is what each sustains), alternating them over the rounds, and last one
-connection at a time for the sequential latency. While each run lasts it reads the CPU
-time of the service, the floor, wrk, the PostgreSQL backends of the bench database and the
-whole machine, and from the service's /metrics the statements it sent per request.
+For each dialect, PostgreSQL first: creates a fresh database (PostgreSQL: a database
+dropped at the end; SQLite: a file in a temporary directory, the service's own URL form)
+and seeds 1,000 pools owned by a provider tenant, offered to four tenants who see the
+first 10, 100, 200 and 1,000 of them; each pool has 4 quota rows per tenant and 3 capacity
+rows. Starts the real service (`uvicorn --factory app.server:app_from_env`, one process,
+BETTERCOMPUTE_DATABASE_URL the database) and the floor (its own uvicorn process; one
+hand-written SQL statement per request builds the whole JSON answer: bench/floor.py
+through asyncpg, bench/floor_sqlite.py through aiosqlite on the same file), checks that
+they answer the same data for every request below, then, for each query, runs wrk against
+the floor and the service in turn (16 connections, closed loop: the rate achieved is what
+each sustains), alternating them over the rounds, and last one connection at a time for
+the sequential latency. While each run lasts it reads the CPU time of the service, the
+floor, wrk, the database (PostgreSQL: the backends of the bench database; SQLite runs
+inside the service and the floor, its CPU theirs) and the whole machine, and from the
+service's /metrics the statements it sent per request.
 """
 
 from __future__ import annotations
@@ -28,13 +36,16 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import asyncpg
@@ -43,6 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
+from app.db.embedded import sqlite_file
 from app.db.engine import create_database
 from app.db.models import (
     AuthzRow,
@@ -56,7 +68,9 @@ from app.db.models import (
 )
 from app.iam.callers import create_caller
 from app.ids import new_id
-from bench.database import bench_database
+from bench.database import bench_database, bench_sqlite_database
+from bench.floor import POOL_SIZE as POSTGRESQL_FLOOR_CONNECTIONS
+from bench.floor_sqlite import CONNECTIONS as SQLITE_FLOOR_CONNECTIONS
 from bench.native_load import HttpRequest, LoadGenerator, LoadResult, ensure_generator
 from bench.proc import TICKS, cpu_s
 
@@ -94,9 +108,10 @@ class Plan:
 FULL = Plan(
     seconds=10, rounds=2, sequential_seconds=5, warmup_seconds=2, sizes=(100, 10, 1000, 200)
 )
-# No warm-up run: the checks and the statement count before the runs warm both up.
+# No warm-up run: the checks and the statement count before the runs warm both up. Under
+# a minute a dialect.
 QUICK = Plan(
-    seconds=3, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
+    seconds=2, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
 )
 
 
@@ -254,12 +269,32 @@ def machine_busy_s() -> float:
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICKS
 
 
+class DatabaseCpu(Protocol):
+    """The CPU the database spends over a run, in seconds; None: not a process of its
+    own (SQLite runs inside each process that opens the file)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> float | None: ...
+
+
+class InProcess:
+    """SQLite's: its work is the CPU of the service and the floor, counted there."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> float | None:
+        return None
+
+
 @dataclass
 class Processes:
     service: int
     floor: int
-    database: str
-    monitor: asyncpg.Connection
+    # PostgreSQL: the bench database and a connection that reads its backends' pids.
+    database: str | None = None
+    monitor: asyncpg.Connection | None = None
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of the service, the floor and the whole machine."""
@@ -269,8 +304,12 @@ class Processes:
             "machine": machine_busy_s(),
         }
 
+    def database_cpu(self) -> DatabaseCpu:
+        return InProcess() if self.monitor is None else BackendsCpu(self)
+
     async def backends_cpu(self) -> dict[int, float]:
         """CPU seconds so far of each PostgreSQL backend connected to the bench database."""
+        assert self.monitor is not None, "no PostgreSQL backends: the database is in process"
         rows = await self.monitor.fetch(
             "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
             self.database,
@@ -432,6 +471,19 @@ async def send(client: httpx.AsyncClient, request: HttpRequest) -> Any:
     return response.json()
 
 
+def same_data(ours: Any, theirs: Any) -> bool:
+    """The same JSON, read back: the same keys in the same order and the same types (in
+    Python True == 1 and 64 == 64.0, in JSON they differ)."""
+    return json.dumps(ours) == json.dumps(theirs)
+
+
+def disagreement(what: str, ours: Any, theirs: Any) -> RuntimeError:
+    return RuntimeError(
+        f"floor and service disagree on {what}:\nservice: {json.dumps(ours)[:2000]}"
+        f"\nfloor:   {json.dumps(theirs)[:2000]}"
+    )
+
+
 async def dashboard_case(
     size: int, token: str, service: httpx.AsyncClient, floor: httpx.AsyncClient
 ) -> Case:
@@ -449,8 +501,9 @@ async def dashboard_case(
         answer = await send(service, ours)
         if "errors" in answer:
             raise RuntimeError(answer["errors"])
-        if answer["data"] != (await send(floor, theirs))["data"]:  # the service adds its cost
-            raise RuntimeError(f"floor and service disagree on {tenant}'s page after {after}")
+        floor_answer = await send(floor, theirs)
+        if not same_data(answer["data"], floor_answer["data"]):  # the service adds its cost
+            raise disagreement(f"{tenant}'s page after {after}", answer, floor_answer)
         service_requests.append(ours)
         floor_requests.append(theirs)
         page = answer["data"]["pools"]
@@ -482,9 +535,9 @@ async def one_pool_cases(
     )
     rest_floor = floor_request("/rest/pools/get", tenant=tenant, pool=pool)
     for ours, theirs, key in ((small, small_floor, "data"), (rest, rest_floor, "pool")):
-        answer = await send(service, ours)
-        if answer.get(key) is None or answer[key] != (await send(floor, theirs))[key]:
-            raise RuntimeError(f"floor and service disagree on {ours.path}: {answer}")
+        answer, floor_answer = await send(service, ours), await send(floor, theirs)
+        if answer.get(key) is None or not same_data(answer[key], floor_answer.get(key)):
+            raise disagreement(ours.path, answer, floor_answer)
     return [
         Case("one pool with its quotas (GraphQL)", "graphql", [small], [small_floor]),
         Case("one pool, REST pools/get", "rest", [rest], [rest_floor]),
@@ -497,7 +550,8 @@ async def one_pool_cases(
 @dataclass
 class Run:
     load: LoadResult
-    cpu_s: dict[str, float]  # service, floor, wrk, postgres, machine
+    cpu_s: dict[str, float]  # service, floor, wrk, machine
+    database_s: float | None  # PostgreSQL's backends; None: in process (SQLite)
     counts: Counts | None = None  # the service's, over the run
 
 
@@ -540,8 +594,8 @@ class Bench:
             if target == "service"
             else None
         )
-        backends = BackendsCpu(self.processes)
-        await backends.start()
+        database = self.processes.database_cpu()
+        await database.start()
         before = self.processes.cpu()
         try:
             load = await asyncio.to_thread(
@@ -554,9 +608,9 @@ class Bench:
             )
             after = self.processes.cpu()
         finally:
-            postgres = await backends.stop()
-        used = {k: after[k] - before[k] for k in after} | {"wrk": load.cpu_s, "postgres": postgres}
-        run = Run(load, used)
+            database_s = await database.stop()
+        used = {k: after[k] - before[k] for k in after} | {"wrk": load.cpu_s}
+        run = Run(load, used, database_s)
         if before_counts is not None:
             run.counts = await settled_counts(self.service_client, case.transport) - before_counts
             # wrk stops with a request in flight on each connection: those the service had
@@ -596,18 +650,35 @@ async def measure_case(bench: Bench, case: Case, plan: Plan) -> dict[str, Side]:
 
 def cpu_percent(run: Run, name: str) -> float:
     if name == "others":
-        ours = sum(run.cpu_s[k] for k in ("service", "floor", "wrk", "postgres"))
+        ours = sum(run.cpu_s[k] for k in ("service", "floor", "wrk")) + (run.database_s or 0.0)
         return 100 * (run.cpu_s["machine"] - ours) / run.load.seconds
     return 100 * run.cpu_s[name] / run.load.seconds
 
 
-def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
+def cpu_cells(run: Run) -> str:
+    """The CPU columns of a run: the service, the floor, wrk, the database, the machine and
+    the rest of it, % of one core each."""
+    cells = [f"{cpu_percent(run, name):{width}.0f}%" for name, width in SHARES[:3]]
+    cells.append(
+        f"{'in proc':>8}"
+        if run.database_s is None
+        else f"{100 * run.database_s / run.load.seconds:7.0f}%"
+    )
+    cells += [f"{cpu_percent(run, name):{width}.0f}%" for name, width in SHARES[3:]]
+    return " ".join(cells)
+
+
+SHARES = (("service", 6), ("floor", 5), ("wrk", 4), ("machine", 6), ("others", 5))
+
+
+def print_tables(dialect: Dialect, results: list[tuple[Case, dict[str, Side]]]) -> None:
     header = (
         f"{'query':<40} {'floor/s':>8} {'service/s':>9} {'ratio':>6}  "
         f"{'floor p50/p99 ms':>17}  {'service p50/p99 ms':>18}  {'stmts/req':>9}  "
         f"{'seq p50 floor/service ms':>24} {'x':>6}"
     )
-    print("\n" + header)
+    print(f"\n{dialect.title}: floor and service, one run each of every query")
+    print(header)
     print("-" * len(header))
     for case, sides in results:
         floor, service = sides["floor"], sides["service"]
@@ -624,15 +695,15 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
         )
 
     print(
-        "\nWhat limits each run: the rate asked (closed loop: saturate with N connections) and"
-        " achieved, and the CPU of each process over the run, % of one core (postgres: the"
-        " backends of the bench database; machine: all of its"
+        f"\n{dialect.title}: what limits each run: the rate asked (closed loop: saturate with N"
+        " connections) and achieved, and the CPU of each process over the run, % of one core"
+        f" (database: {dialect.database_cpu}; machine: all of its"
         f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%; others: the machine"
         " less the processes of the bench, what else ran)"
     )
     header = (
         f"{'query':<40} {'target':<8} {'asked':<18} {'req/s':>8} {'p50 ms':>8}  "
-        f"{'service':>7} {'floor':>6} {'wrk':>5} {'postgres':>8} {'machine':>7} {'others':>6}"
+        f"{'service':>7} {'floor':>6} {'wrk':>5} {'database':>8} {'machine':>7} {'others':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -645,18 +716,7 @@ def print_tables(results: list[tuple[Case, dict[str, Side]]]) -> None:
             for asked, run in labelled:
                 print(
                     f"{case.name:<40} {target:<8} {asked:<18} {run.load.per_second:8.1f} "
-                    f"{run.load.p50_ms:8.2f}  "
-                    + " ".join(
-                        f"{cpu_percent(run, name):{width}.0f}%"
-                        for name, width in (
-                            ("service", 6),
-                            ("floor", 5),
-                            ("wrk", 4),
-                            ("postgres", 7),
-                            ("machine", 6),
-                            ("others", 5),
-                        )
-                    )
+                    f"{run.load.p50_ms:8.2f}  {cpu_cells(run)}"
                 )
 
 
@@ -665,24 +725,101 @@ def print_logs(logs: Path) -> None:
         print(f"--- the end of {log.name}:\n{log.read_text()[-4000:]}", file=sys.stderr)
 
 
-async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) -> None:
+# --- the dialects -------------------------------------------------------------------
+
+
+@dataclass
+class Store:
+    """One dialect's fresh database, seeded by the bench, read by the service and the
+    floor."""
+
+    url: str  # the service's BETTERCOMPUTE_DATABASE_URL
+    floor_env: dict[str, str]  # where the floor finds it
+    version: str  # the database's (PostgreSQL: the server's; SQLite: the library's)
+    database: str | None = None  # PostgreSQL: the bench database's name
+    monitor: asyncpg.Connection | None = None  # PostgreSQL: reads its backends
+
+
+@asynccontextmanager
+async def postgresql_store() -> AsyncIterator[Store]:
+    async with bench_database() as url:
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        monitor = await asyncpg.connect(dsn)
+        try:
+            version = await monitor.fetchval("SHOW server_version")  # 15.20 (Debian ...)
+            yield Store(
+                url,
+                {"BENCH_FLOOR_DSN": dsn},
+                version.split()[0],
+                make_url(url).database,
+                monitor,
+            )
+        finally:
+            await monitor.close()
+
+
+@asynccontextmanager
+async def sqlite_store() -> AsyncIterator[Store]:
+    async with bench_sqlite_database() as url:
+        path = sqlite_file(url)
+        assert path is not None, url
+        yield Store(url, {"BENCH_FLOOR_SQLITE": path}, sqlite3.sqlite_version)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str  # --dialect's
+    title: str  # the heading of its tables
+    floor: str  # the floor's uvicorn target
+    floor_text: str  # what the floor is, printed
+    database_cpu: str  # what the database column of the CPU table is
+    store: Callable[[], AbstractAsyncContextManager[Store]]
+
+
+DIALECTS = {
+    "postgresql": Dialect(
+        "postgresql",
+        "PostgreSQL",
+        "bench.floor:app",
+        "bench/floor.py, one SQL statement per request building the JSON"
+        " (json_build_object/json_agg) through an asyncpg pool of"
+        f" {POSTGRESQL_FLOOR_CONNECTIONS}",
+        "the PostgreSQL backends of the bench database",
+        postgresql_store,
+    ),
+    "sqlite": Dialect(
+        "sqlite",
+        "SQLite, the embedded default",
+        "bench.floor_sqlite:app",
+        "bench/floor_sqlite.py, one SQL statement per request building the JSON"
+        " (json_object/json_group_array) through aiosqlite,"
+        f" {SQLITE_FLOOR_CONNECTIONS} connections to the service's file, WAL",
+        "in process (SQLite runs inside the service and the floor, on their threads: its"
+        " CPU is theirs)",
+        sqlite_store,
+    ),
+}
+
+
+# --- a run of one dialect -------------------------------------------------------------
+
+
+async def measure(
+    dialect: Dialect, store: Store, plan: Plan, generator: LoadGenerator, logs: Path
+) -> None:
     servers: list[subprocess.Popen[bytes]] = []
-    database = make_url(url).database
-    assert database is not None
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     started = time.perf_counter()
-    seeded = await seed(url)
+    seeded = await seed(store.url)
     print(f"seeded 1,000 pools in {time.perf_counter() - started:.1f} s", flush=True)
-    monitor = await asyncpg.connect(dsn)
     try:
         service, service_port = start_server(
             ["--factory", "app.server:app_from_env"],
-            {"BETTERCOMPUTE_DATABASE_URL": url},
-            logs / "service.log",
+            {"BETTERCOMPUTE_DATABASE_URL": store.url},
+            logs / f"{dialect.name}-service.log",
         )
         servers.append(service)
         floor, floor_port = start_server(
-            ["bench.floor:app"], {"BENCH_FLOOR_DSN": dsn}, logs / "floor.log"
+            [dialect.floor], store.floor_env, logs / f"{dialect.name}-floor.log"
         )
         servers.append(floor)
         service_url, floor_url = (
@@ -707,7 +844,7 @@ async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) ->
             )
             bench = Bench(
                 generator,
-                Processes(service.pid, floor.pid, database, monitor),
+                Processes(service.pid, floor.pid, store.database, store.monitor),
                 service_url,
                 floor_url,
                 service_client,
@@ -716,7 +853,7 @@ async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) ->
             for case in cases:
                 results.append((case, await measure_case(bench, case, plan)))
                 print(f"  measured {case.name}", flush=True)
-        print_tables(results)
+        print_tables(dialect, results)
         cut_off: dict[str, float] = {}
         for _, sides in results:
             for r in sides["service"].runs:
@@ -733,10 +870,22 @@ async def measure(url: str, plan: Plan, generator: LoadGenerator, logs: Path) ->
     finally:
         for process in servers:
             stop_server(process)
-        await monitor.close()
 
 
-async def run(plan: Plan, prefer: str) -> None:
+async def run_dialect(dialect: Dialect, plan: Plan, generator: LoadGenerator, logs: Path) -> None:
+    async with dialect.store() as store:
+        print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
+        print(f"uptime at start: {uptime()}")
+        print(
+            "service: uvicorn --factory app.server:app_from_env, one process, on"
+            f" {store.url}; floor: {dialect.floor_text}, its own uvicorn process",
+            flush=True,
+        )
+        await measure(dialect, store, plan, generator, logs)
+        print(f"uptime at end: {uptime()}", flush=True)
+
+
+async def run(plan: Plan, prefer: str, dialects: list[Dialect]) -> None:
     generator = ensure_generator(prefer)
     version = generator_version(generator)
     warm_up = (
@@ -744,32 +893,28 @@ async def run(plan: Plan, prefer: str) -> None:
         if plan.warmup_seconds
         else "the checks (no warm-up run)"
     )
-    print(f"uptime at start: {uptime()}")
     print(
         f"load: {version}; asked: saturate, {CONNECTIONS} connections on {THREADS} thread "
         f"(closed loop: each connection sends its next request when its answer arrives), "
         f"{plan.seconds:g} s a run, {plan.rounds} round{'s' * (plan.rounds > 1)} alternating "
         f"floor and service after {warm_up}; sequential: 1 connection, 1 thread, "
-        f"{plan.sequential_seconds:g} s"
-    )
-    print(
-        "service: uvicorn --factory app.server:app_from_env, one process; floor: bench/floor.py,"
-        " one SQL statement per request building the JSON, its own uvicorn process"
+        f"{plan.sequential_seconds:g} s; dialects: {', '.join(d.title for d in dialects)}"
     )
     with tempfile.TemporaryDirectory(prefix="bench-graphql-pools-") as logs:
-        async with bench_database() as url:
-            await measure(url, plan, generator, Path(logs))
+        for dialect in dialects:
+            await run_dialect(dialect, plan, generator, Path(logs))
     print(
         "\nfloor/s, service/s: requests (pages) per second under load; p50/p99 the mean of the"
         " rounds' percentiles. stmts/req: the service's bettercompute_db_statements_total for"
         " the query's transport over 20 or more requests sent one at a time (SQL statements;"
-        " BEGIN, ROLLBACK and pool pings not counted). seq p50: one connection, one thread;"
+        " ROLLBACK and pool pings not counted, nor BEGIN on PostgreSQL; on SQLite the service"
+        " sends each transaction's BEGIN as a statement, app/db/engine.py, and counts it)."
+        " seq p50: one connection, one thread;"
         " x: the service's over the floor's. Paged: one request is one page; a dashboard"
         " load is its pages in turn."
     )
     if plan.quick:
         print("quick run: short runs, figures for a smoke test only")
-    print(f"uptime at end: {uptime()}")
 
 
 def generator_version(generator: LoadGenerator) -> str:
@@ -789,8 +934,15 @@ def main(argv: list[str] | None = None) -> None:
         default="wrk",
         help="the load generator to try first (the other is the fallback)",
     )
+    parser.add_argument(
+        "--dialect",
+        choices=("postgresql", "sqlite", "both"),
+        default="both",
+        help="the database of the service and the floor (both: PostgreSQL, then SQLite)",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(QUICK if args.quick else FULL, args.generator))
+    names = ("postgresql", "sqlite") if args.dialect == "both" else (args.dialect,)
+    asyncio.run(run(QUICK if args.quick else FULL, args.generator, [DIALECTS[n] for n in names]))
 
 
 if __name__ == "__main__":

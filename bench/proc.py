@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -16,3 +19,43 @@ def cpu_s(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+class Profiler:
+    """`--profile DIR`: py-spy samples the server through a phase (needs `py-spy` on
+    PATH or in the venv; not a project dependency). Writes collapsed stacks (DIR/name.txt,
+    for flamegraph tools or a grep) of the server's event loop thread."""
+
+    def __init__(self, directory: str | None, pid: int) -> None:
+        self.directory = Path(directory) if directory else None
+        self.pid = pid
+        self.running: subprocess.Popen[bytes] | None = None
+
+    def start(self, name: str) -> None:
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        self.running = subprocess.Popen(
+            [
+                str(spy if spy.exists() else "py-spy"),
+                "record",
+                "--pid",
+                str(self.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--output",
+                str(self.directory / f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.running.send_signal(signal.SIGINT)
+            self.running.wait(30)
+            self.running = None

@@ -78,7 +78,7 @@ from bench.graphql_pools import (
     uptime,
 )
 from bench.native_load import _lua_string, _marked_json, _run_child, ensure_wrk
-from bench.proc import cpu_s
+from bench.proc import Profiler, cpu_s
 from bench.usage_watch import UsageWatch, summary
 
 CONNECTIONS = 16
@@ -640,7 +640,7 @@ class Result:
         return 1000 * sum(r.cpu_s[key] for r in rs) / requests
 
 
-async def measure_write(bench: Bench, write: Write, plan: Plan) -> Result:
+async def measure_write(bench: Bench, write: Write, plan: Plan, profiler: Profiler) -> Result:
     result = Result(write)
     guess = {"floor": plan.floor_guess, "service": plan.service_guess}
     rates = dict(guess)
@@ -666,9 +666,17 @@ async def measure_write(bench: Bench, write: Write, plan: Plan) -> Result:
         if kept and target == "service" and write.name.endswith("hot quota"):
             token = bench.seeded.tokens[GUEST]
             watch = UsageWatch(bench.urls["service"], token, GUEST, bench.seeded.pools[0])
+        # `--profile`: the service's first kept round of each write, sampled by py-spy.
+        profiled = kept and target == "service" and not result.of("service")
         async with watch or contextlib.nullcontext():
             started = time.monotonic()
-            done = await bench.run(write, target, seconds)
+            if profiled:
+                profiler.start(write.name.replace(" ", "_").replace(",", ""))
+            try:
+                done = await bench.run(write, target, seconds)
+            finally:
+                if profiled:
+                    profiler.stop()
             if watch is not None:
                 watch.window = (started, time.monotonic())
                 async with httpx.AsyncClient(base_url=bench.urls["service"], timeout=60) as c:
@@ -963,7 +971,9 @@ async def scale(url: str, bench: Bench, plan: Plan, logs: Path) -> list[str]:
     return lines
 
 
-async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
+async def measure(
+    url: str, plan: Plan, wrk: str, logs: Path, only: list[str], profile: str | None
+) -> None:
     database = make_url(url).database
     assert database is not None
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -1026,14 +1036,18 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
             flush=True,
         )
         print(f"pg_stat_statements.track_utility = {utility} (BEGIN/COMMIT counted when on)")
+        chosen = [w for w in all_writes if not only or any(o in w.name for o in only)]
+        profiler = Profiler(profile, service.pid)
         results = []
-        for write in all_writes:
-            results.append(await measure_write(bench, write, plan))
+        for write in chosen:
+            results.append(await measure_write(bench, write, plan, profiler))
             print(f"  measured {write.name}", flush=True)
         print_results(results)
         print_usage(results)
         stop_server(service)
         servers.remove(service)
+        if not any(w.name.startswith("pool update") for w in chosen):
+            return
         print("\nupdates/s by service processes (`serve --workers N`, Redis broadcast):")
         for line in await scale(url, bench, plan, logs):
             print("  " + line, flush=True)
@@ -1053,7 +1067,7 @@ async def measure(url: str, plan: Plan, wrk: str, logs: Path) -> None:
         await monitor.close()
 
 
-async def run(plan: Plan) -> None:
+async def run(plan: Plan, only: list[str], profile: str | None) -> None:
     wrk = ensure_wrk()
     if wrk is None:
         raise RuntimeError("wrk could not be installed")
@@ -1074,7 +1088,7 @@ async def run(plan: Plan) -> None:
     )
     with tempfile.TemporaryDirectory(prefix="bench-writes-") as logs:
         async with bench_database() as url:
-            await measure(url, plan, wrk.executable, Path(logs))
+            await measure(url, plan, wrk.executable, Path(logs), only, profile)
     print(
         "\nfloor/s, service/s: writes per second over the kept rounds; p50/p99 the mean of the"
         " rounds' percentiles; stmts/req: pg_stat_statements calls in the bench database over"
@@ -1093,8 +1107,20 @@ async def run(plan: Plan) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny rounds: a smoke test")
+    parser.add_argument(
+        "--only",
+        metavar="TEXT[,TEXT]",
+        default="",
+        help="measure only the writes whose name holds one of these (e.g. 'pool update')",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy the service through each write's first service round (DIR/<write>.txt)",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(QUICK if args.quick else FULL))
+    only = [o.strip() for o in args.only.split(",") if o.strip()]
+    asyncio.run(run(QUICK if args.quick else FULL, only, args.profile))
 
 
 if __name__ == "__main__":

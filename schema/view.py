@@ -255,7 +255,7 @@ class GraphQLView(GraphQL[Context, None]):
             if written is None:  # the plain path answers, after the token is looked up
                 request.app.state.admission.forget(admitted)
                 return key, None
-            return key, self._answered(context, name, written.data, written.cost)
+            return key, self._answered(context, plan, written.data, written.cost)
         try:
             prepared = self.compiled.prepare(plan, variables, context.capacity) if plan else None
         except GraphQLError:  # an argument that does not coerce: the plain path says so
@@ -290,15 +290,18 @@ class GraphQLView(GraphQL[Context, None]):
             _DECLINED.inc()
             return key, None
         _ANSWERED.inc()
-        return key, self._answered(context, name, data, prepared.cost)
+        assert plan is not None  # prepared from it
+        return key, self._answered(context, plan, data, prepared.cost)
 
-    def _answered(
-        self, context: Context, name: str | None, data: dict[str, Any], cost: int
-    ) -> Response:
-        """What process_result and create_response make of an answer without errors."""
+    def _answered(self, context: Context, plan: Plan, data: dict[str, Any], cost: int) -> Response:
+        """What process_result and create_response make of an answer without errors. The
+        operation is named as the plain path names it (schema/limits.py): by the request's
+        operationName, else by the document's operation (`query Page { ... }` sent
+        without operationName is `Page` in the access log and the metrics, not
+        `anonymous`)."""
         info = request_info()
         if info is not None:
-            info.graphql_operation(name)
+            info.graphql_operation(_operation_name(plan))
         cost = min(cost, MAX_REPORTED_COST)
         operation_cost(context, cost)
         answer: dict[str, Any] = {"data": data}

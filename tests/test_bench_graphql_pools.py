@@ -1,6 +1,7 @@
 """The read-path benchmark's machinery: bench/native_load.py drives a server with wrk
-(installed by the benchmark itself), and `bench.graphql_pools --quick` prints its table.
-Figures are not checked (this machine is shared); what is printed and sent is."""
+(installed by the benchmark itself), and `bench.graphql_pools --quick` prints its table,
+on PostgreSQL and on the embedded SQLite default. Figures are not checked (this machine
+is shared); what is printed and sent is."""
 
 from __future__ import annotations
 
@@ -98,13 +99,16 @@ def test_the_generator_sends_each_request_in_turn(name: str, recorder: str) -> N
 
 
 @pytest.mark.soak
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
 async def test_the_quick_run_prints_every_row(
-    generator: LoadGenerator, database_url_for: Callable[[str], Awaitable[str]]
+    dialect: str, generator: LoadGenerator, database_url_for: Callable[[str], Awaitable[str]]
 ) -> None:
-    await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
+    if dialect == "postgresql":
+        await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "bench.graphql_pools", "--quick", "--generator", generator.name),
+        *("--dialect", dialect),
         cwd=ROOT,
         env={**os.environ, "BENCH_POSTGRES_URL": POSTGRES_URL},
         stdout=asyncio.subprocess.PIPE,
@@ -115,7 +119,10 @@ async def test_the_quick_run_prints_every_row(
     assert process.returncode == 0, printed
     assert "floor and service answer the same data for every request measured" in printed
     assert "asked: saturate, 16 connections" in printed
-    assert printed.count("uptime at") == 2
+    title = {"postgresql": "PostgreSQL", "sqlite": "SQLite, the embedded default"}[dialect]
+    assert f"\n== {title} (" in printed
+    assert f"\n{title}: floor and service, one run each of every query\n" in printed
+    assert printed.count("uptime at start") == printed.count("uptime at end") == 1
     lines = printed.splitlines()
     for name in (
         "dashboard, 100 pools",
@@ -134,9 +141,10 @@ async def test_the_quick_run_prints_every_row(
         # `times` is printed to 0.1 and the two means to 0.01: 0.66 shows as 0.7.
         worst = 0.05 + 0.005 * (1 + seq_service / seq_floor) / seq_floor
         assert float(times[:-1]) == pytest.approx(seq_service / seq_floor, abs=worst), row
-        # What limits it: a CPU line for each target, under load and one at a time.
+        # What limits it: a CPU line for each target, under load and one at a time, the
+        # database's own CPU on PostgreSQL, "in proc" on SQLite.
+        database = r"\d+%" if dialect == "postgresql" else "in proc"
         for target in ("floor", "service"):
             for asked in ("saturate, 16 conns", "saturate, 1 conn "):
-                assert any(
-                    re.match(rf"{re.escape(name)} +{target} +{asked}", line) for line in lines
-                ), (name, target, asked)
+                cpu = rf"{re.escape(name)} +{target} +{asked} .* {database} +\d+% +-?\d+%$"
+                assert any(re.match(cpu, line) for line in lines), (name, target, asked)

@@ -93,7 +93,15 @@ class Admission:
         remembered = self.principals.get(hashed) if hashed is not None else None
 
         async def looked_up() -> Principal:
-            return await self._authenticate(conn, authorization, authenticate)
+            try:
+                return await self._authenticate(conn, authorization, authenticate)
+            except Exception:
+                # A remembered caller whose token is no longer good (`confirm`): the
+                # request is nobody's, in the access log too, as on the plain path.
+                info = request_info()
+                if info is not None:
+                    info.caller_id = info.tenant_id = None
+                raise
 
         principal = remembered or await looked_up()
         info = request_info()
