@@ -142,7 +142,7 @@ class Relation:
 
     `rows`: the compiled builder's kind of rows for it (json_reads: which rows under which
     rule), None with `uncompiled` saying why not. `order`: the order of a list's rows, the
-    one both reads sort by (reads.py's loaders per pool, json_reads' json_agg).
+    one both reads sort by (reads.py's loaders per pool, json_reads' JsonArray).
     `rest_keeps`: the optional REST keys of the rows that REST shows here (a pool's own
     quota rows show their `grant`; an offer's rows do not)."""
 
@@ -453,7 +453,8 @@ RESERVATION = Table(
     ),
 )
 
-# A page's pageInfo: the page statement builds each value (json_reads._PAGE_INFO).
+# A page's pageInfo: the page statement builds each value (json_reads._page_info; the
+# cursors as ids, encoded once parsed).
 PAGE_INFO = Table(
     "PageInfo",
     None,

@@ -79,8 +79,8 @@ def nearest_grants(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
     reads.load_grants' rank)."""
     nearest = (
         select(AuthzRow.pool_id, func.min(lineage.c.depth).label("depth"))
-        .select_from(lineage.join(AuthzRow.__table__, AuthzRow.tenant_id == lineage.c.id))
-        .where(granting(lineage), *where)
+        .select_from(lineage.join(AuthzRow.__table__, granting(lineage)))
+        .where(*where)
         .group_by(AuthzRow.pool_id)
         .subquery("nearest")
     )
@@ -91,15 +91,13 @@ def nearest_grants(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
 
 def nearest_grant_tenant(lineage: CTE, pool_id: str | ColumnElement[str]) -> ScalarSelect[Any]:
     """The tenant of `nearest_grants` for one pool (NULL: the lineage is granted none)."""
-    grant = nearest_grants(lineage, AuthzRow.pool_id == pool_id).subquery("grant")
-    return select(grant.c.grant_tenant).scalar_subquery()
+    nearest = nearest_grants(lineage, AuthzRow.pool_id == pool_id).subquery("nearest_grant")
+    return select(nearest.c.grant_tenant).scalar_subquery()
 
 
-def pool_seen_by(tenant_id: str | ColumnElement[str], pools: Any = None) -> ColumnElement[bool]:
-    """Among granted pools, the archived ones are seen by their owner only (`pools`: the
-    pools' table, or a selectable of its columns)."""
-    c = (Pool.__table__ if pools is None else pools).c
-    return or_(c.archived.is_(False), c.tenant_id == tenant_id)
+def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
+    """Among granted pools, the archived ones are seen by their owner only."""
+    return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
 
 
 def quota_offer() -> ColumnElement[bool]:
