@@ -247,6 +247,12 @@ async def test_the_statement_renders_timestamps_as_python_does(db: Database) -> 
             moment_sql = literal(moment, DateTime(timezone=True))
             shown = (await conn.execute(select(IsoTimestamp(moment_sql)))).scalar()
             assert shown == timestamp(moment), moment
+        if db.dialect == "sqlite":
+            # A row written by SQL's CURRENT_TIMESTAMP (migration 0002's fleet tenant) has
+            # no fraction; SQLAlchemy reads it as a whole second.
+            stored = literal("2026-05-01 12:00:00")
+            shown = (await conn.execute(select(IsoTimestamp(stored)))).scalar()
+            assert shown == timestamp(datetime(2026, 5, 1, 12, tzinfo=UTC)), shown
 
 
 def test_one_timestamp_form() -> None:
