@@ -298,20 +298,22 @@ async def compiled_operation(
 
 
 def _statement_spans(db: Database) -> direct.StatementSpan:
-    """A SQL span per statement sent to asyncpg directly (app/db/direct.py), with the
+    """A SQL span per statement sent to the driver directly (app/db/direct.py, and the
+    compiled reads on SQLite: app/capacity/json_reads.py), with the
     attributes SQLAlchemy's instrumentation gives its own: the statement's text (its
     parameters are bound apart and never recorded), the system and the database."""
     from opentelemetry import trace
 
     tracer = trace.get_tracer("bettercompute.db")
-    database = make_url(db.url).database or ""
+    url = make_url(db.url)
+    database, system = url.database or "", url.get_backend_name()
 
     def span(sql: str) -> AbstractContextManager[Any]:
-        verb = sql.split(None, 1)[:1]  # named as SQLAlchemy's are on asyncpg: `SELECT`
+        verb = sql.split(None, 1)[:1]  # named as SQLAlchemy's are: `SELECT`
         return tracer.start_as_current_span(
-            verb[0] if verb else "postgresql",
+            verb[0] if verb else system,
             kind=trace.SpanKind.CLIENT,
-            attributes={"db.system": "postgresql", "db.name": database, "db.statement": sql},
+            attributes={"db.system": system, "db.name": database, "db.statement": sql},
         )
 
     return span

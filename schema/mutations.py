@@ -190,7 +190,7 @@ class Mutation:
         self, info: Info, input: CreateReservationArgument
     ) -> ReservationPayload:
         ctx = info.context
-        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_reads):
+        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_writes):
             return _reservation(await _call(info, "reservations", "create", input))
         principal = await ctx.principal()
         inp = parse_input(DomainCreateReservationInput, input.to_seed())
@@ -209,7 +209,7 @@ class Mutation:
         self, info: Info, input: ReleaseReservationArgument
     ) -> ReservationPayload:
         ctx = info.context
-        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_reads):
+        if not (ctx.settings.compiled_reads and ctx.capacity.compiles_writes):
             return _reservation(await _call(info, "reservations", "release", input))
         principal = await ctx.principal()
         inp = parse_input(DomainReleaseReservationInput, input.to_seed())

@@ -207,7 +207,7 @@ class GraphQLView(GraphQL[Context, None]):
 
     def _may_compile(self, request: Request) -> bool:
         """Whether this request may take the compiled read path: a POST of JSON, no cost
-        budget to charge per operation, a store that compiles reads (PostgreSQL)."""
+        budget to charge per operation, a store that compiles reads (both dialects)."""
         return (
             self.compiled is not None
             and request.method == "POST"
@@ -246,6 +246,8 @@ class GraphQLView(GraphQL[Context, None]):
         key = (query, name)
         plan = self.compiled.plan(query, name)
         if plan is not None and self.writes is not None and self.writes.covers(plan):
+            if not context.capacity.compiles_writes:  # SQLite: the plain path books
+                return key, None
             assert admitted.token_hash is not None
             written = await self.writes.answer(
                 plan, variables, context.capacity, admitted.principal, admitted.token_hash

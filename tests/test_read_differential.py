@@ -18,9 +18,9 @@ the second may be compiled), and each of `fast`'s answers is compared with `plai
 
 Whether `fast` answered by its compiled statement is read per request from
 `bettercompute_compiled_reads_total{outcome="answered"}`: where the store compiles reads
-(`Capacity.compiles_reads`: PostgreSQL today) every surface must have been answered so at
-least once, or the comparison could not fail; where it does not (SQLite until it does),
-both services answer on the plain path and the test still runs.
+(`Capacity.compiles_reads`: both dialects since issue 21) every surface must have been
+answered so at least once, or the comparison could not fail; where it does not, both
+services answer on the plain path and the test still runs.
 
 The seed is printed with every failure; BETTERCOMPUTE_TEST_READ_SEED=<seed> replays it.
 `test_a_one_sided_change_is_reported` shows the comparison bites: each of three
@@ -121,7 +121,7 @@ async def services(database_url: str) -> AsyncIterator[Pair]:
 
 
 def compiles(client: httpx.AsyncClient) -> bool:
-    """Whether this service's store answers compiled reads (PostgreSQL today)."""
+    """Whether this service's store answers compiled reads (both dialects)."""
     app: Any = client._transport.app  # type: ignore[attr-defined]
     return bool(app.state.capacity.compiles_reads and app.state.settings.compiled_reads)
 
@@ -697,9 +697,11 @@ async def test_the_traces_name_the_same_spans(
 def _drop_archived_filter(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled builder only: archived pools seen by every tenant that is granted
     them (the owner's subtree, by its includeDescendants offer)."""
+    from sqlalchemy import true
+
     from app.capacity import json_reads
 
-    monkeypatch.setattr(json_reads, "_SEES", "TRUE")
+    monkeypatch.setattr(json_reads, "pool_seen_by", lambda *_: true())
 
 
 def _reorder_quotas(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -718,10 +720,10 @@ def _drop_grant_priority(monkeypatch: pytest.MonkeyPatch) -> None:
 
     stock = json_reads._fields
 
-    def without_priority(kind: str, fields: tuple[Any, ...]) -> str:
+    def without_priority(kind: str, fields: tuple[Any, ...], row: Any) -> Any:
         if kind == "grant":
             fields = tuple(f for f in fields if not (isinstance(f, Read) and f.value == "priority"))
-        return stock(kind, fields)
+        return stock(kind, fields, row)
 
     monkeypatch.setattr(json_reads, "_fields", without_priority)
 

@@ -8,8 +8,8 @@ booking is one round trip that commits itself. In order, each step gated on the 
 
 1. the caller's token is live with the role it was remembered with, unnarrowed (as the
    compiled reads check it, app/capacity/json_reads.py); the tenant's lineage
-   (reads.lineage_cte); the pool visible to it through its own authz row or an
-   ancestor's with includeDescendants (reads.nearest_grant_tenant, reads.pool_seen_by);
+   (read_rules.lineage_cte); the pool visible to it through its own authz row or an
+   ancestor's with includeDescendants (read_rules.nearest_grant_tenant, read_rules.pool_seen_by);
    no idempotency record under the key yet;
 2. the pool not archived and the booking fitting what is committed now
    (reservations.headroom): a booking that cannot fit is refused here, before it asks
@@ -56,45 +56,33 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 
-from app.capacity import reservations
+from app.capacity import json_sql, reservations
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import CreateReservationInput
-from app.capacity.reads import lineage_cte, nearest_grant_tenant, pool_seen_by
+from app.capacity.json_sql import Statement
+from app.capacity.read_rules import lineage_cte, nearest_grant_tenant, pool_seen_by, token_live
 from app.capacity.views import ReservationView
 from app.catalog import CREATE_RESERVATION
 from app.db.engine import Database
 from app.db.errors import sqlstate
 from app.db.models import (
-    ApiToken,
     CapacityRow,
     IdempotencyRecord,
     Pool,
     QuotaRow,
     Reservation,
-    RoleBinding,
     utcnow,
 )
 from app.errors import ResourceExhausted
 from app.iam.principal import Principal
 
-_DIALECT = postgresql.asyncpg.dialect()  # type: ignore[no-untyped-call]
 UNIQUE_VIOLATION = "23505"
 
 
-@dataclass(frozen=True, slots=True)
-class BookingStatement:
-    """Compiled SQL text, the names of its positional parameters in order, and the
-    values of those the builders fixed (literals)."""
-
-    sql: str
-    names: tuple[str, ...]
-    fixed: dict[str, Any]
-
-    def params(self, values: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(values[n] if n in values else self.fixed[n] for n in self.names)
+# Compiled SQL text with its positional parameters' names (json_sql.Statement).
+BookingStatement = Statement
 
 
 def param(name: str, type_: Any = None) -> Any:
@@ -107,15 +95,9 @@ def _count(cte: CTE) -> Any:
 
 def caller_live() -> ColumnElement[bool]:
     """The remembered caller's token still live, its binding the role it was remembered
-    with and not narrowed; no token (a caller looked up for this request): true."""
-    live = exists().where(
-        ApiToken.token_hash == param("token"),
-        ApiToken.revoked_at.is_(None),
-        RoleBinding.caller_id == ApiToken.caller_id,
-        RoleBinding.role == param("role"),
-        RoleBinding.conditions == cast(literal("{}"), JSONB),
-    )
-    return or_(param("token").is_(None), live)
+    with and not narrowed (read_rules.token_live); no token (a caller looked up for this
+    request): true."""
+    return or_(param("token").is_(None), token_live(param("token"), param("role")))
 
 
 def _statement(count: int, keyed: bool) -> Select[Any]:
@@ -272,9 +254,7 @@ def booking_statement(count: int, keyed: bool) -> BookingStatement:
 
 def compile_statement(statement: Select[Any]) -> BookingStatement:
     """PostgreSQL text with asyncpg's positional parameters."""
-    compiled = statement.compile(dialect=_DIALECT)
-    names = tuple(compiled.positiontup or ())
-    return BookingStatement(str(compiled), names, dict(compiled.params))
+    return json_sql.compile_statement(statement, "postgresql")
 
 
 @dataclass(frozen=True, slots=True)

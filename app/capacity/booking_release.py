@@ -3,7 +3,7 @@ of reservations.release_reservation, built from the same builders (give_back_quo
 give_back_capacity), run as booking.py runs a booking.
 
 In order: the caller's token live (booking.caller_live) and the tenant known
-(reads.lineage_cte); the tenant's reservation locked FOR UPDATE (its newest version, so
+(read_rules.lineage_cte); the tenant's reservation locked FOR UPDATE (its newest version, so
 of two releases exactly one finds it active); while it is active, its quota rows then its
 capacity rows locked in resource order; then the reservation ended and its amounts given
 back, each row by the plain path's UPDATE with the amount read from the locked
@@ -42,7 +42,7 @@ from app.capacity.booking import (
     run_statement,
 )
 from app.capacity.inputs import ReleaseReservationInput
-from app.capacity.reads import lineage_cte
+from app.capacity.read_rules import lineage_cte
 from app.capacity.views import ReservationView
 from app.catalog import RELEASE_RESERVATION
 from app.db.engine import Database

@@ -27,12 +27,11 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from sqlalchemy import String, bindparam, null
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.capacity.inputs import Agent, PoolClass, Sharing
+from app.capacity.json_sql import per_dialect
 from app.capacity.shapes import RowsKind
 from app.db.models import CapacityRow, Offer, Pool, QuotaRow
 
@@ -69,15 +68,21 @@ class IsoTimestamp(FunctionElement[str]):
     type = String()
 
 
-@compiles(IsoTimestamp, "postgresql")
-def _iso_timestamp_postgresql(element: IsoTimestamp, compiler: SQLCompiler, **kw: Any) -> str:
-    (column,) = element.clauses
-    utc = f"({compiler.process(column, **kw)} AT TIME ZONE 'UTC')"
-    return (
-        f"(to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
-        f"extract(microseconds FROM {utc})::bigint % 1000000 = 0 THEN '' "
-        f"ELSE to_char({utc}, '.US') END || 'Z')"
-    )
+# SQLAlchemy stores a time on SQLite as 'YYYY-MM-DD HH:MM:SS.ffffff' (a row written with
+# CURRENT_TIMESTAMP has no fraction): shown with its fraction unless it is zero.
+_UTC = "({0} AT TIME ZONE 'UTC')"
+per_dialect(
+    IsoTimestamp,
+    postgresql=(
+        f"(to_char({_UTC}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
+        f"extract(microseconds FROM {_UTC})::bigint % 1000000 = 0 THEN '' "
+        f"ELSE to_char({_UTC}, '.US') END || 'Z')"
+    ),
+    sqlite=(
+        "(substr({0}, 1, 10) || 'T' || substr({0}, 12, 8) || CASE WHEN "
+        "substr({0}, 20) IN ('', '.000000') THEN '' ELSE substr({0}, 20, 7) END || 'Z')"
+    ),
+)
 
 
 # The acting tenant of a compiled read: the builder binds it to its statement's parameter.
@@ -137,7 +142,7 @@ class Relation:
 
     `rows`: the compiled builder's kind of rows for it (json_reads: which rows under which
     rule), None with `uncompiled` saying why not. `order`: the order of a list's rows, the
-    one both reads sort by (reads.py's loaders per pool, json_reads' json_agg).
+    one both reads sort by (reads.py's loaders per pool, json_reads' JsonArray).
     `rest_keeps`: the optional REST keys of the rows that REST shows here (a pool's own
     quota rows show their `grant`; an offer's rows do not)."""
 
@@ -448,7 +453,8 @@ RESERVATION = Table(
     ),
 )
 
-# A page's pageInfo: the page statement builds each value (json_reads._PAGE_INFO).
+# A page's pageInfo: the page statement builds each value (json_reads._page_info; the
+# cursors as ids, encoded once parsed).
 PAGE_INFO = Table(
     "PageInfo",
     None,

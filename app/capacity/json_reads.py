@@ -1,32 +1,77 @@
-"""Reads answered by one statement that returns the whole answer as JSON (PostgreSQL).
+"""Reads answered by one statement that returns the whole answer as JSON, on both dialects.
 
-A shape (app/capacity/shapes.py) is compiled once into SQL text: the visibility rule of
-CONTRACT section 2 (the tenant's authz rows, its ancestors' with includeDescendants,
-archived pools for their owner only), the grant whose quota rows the tenant books
-against, and a check that the caller's token is still live and its role binding
-unchanged, all inside the one statement. Per request only the parameters are bound, and
-asyncpg reuses the prepared statement, so a read is one round trip.
+A shape (app/capacity/shapes.py) is built once into one SQLAlchemy Core statement from the
+read rules (app/capacity/read_rules.py: the tenant's lineage, the authz row that grants
+each pool, archived pools for their owner only, the quota rows the tenant books against
+with the offer that gives each, offers for the owner with compute:pools:share) and the
+table of fields (app/capacity/fields.py: each value's column, each list's order), and
+compiled once per dialect (the few pieces the dialects write differently are
+app/capacity/json_sql.py's). A check that the caller's token is still live and its role
+binding unchanged is inside the statement too. Per request only the parameters are bound;
+on PostgreSQL asyncpg reuses the prepared statement, so a read is one round trip.
 
 The statement answers only what it is sure of; it returns NULL whenever the plain read
 might answer otherwise (a revoked or rebound token, an unknown tenant, a pool the tenant
 cannot see), and the caller then takes the plain path, which gives the exact error.
 Callers with narrowed role bindings, and shapes that need per-pool IAM beyond
 compute:pools:read and compute:capacity:read, never come here (see `eligible`).
+
+The statement selects ids where the answer shows cursors; they are encoded
+(paging.encode_cursor) once the answer is parsed, as policies are masked (`readable`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Table, literal_column
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.sql.elements import BinaryExpression, BindParameter, ColumnElement
+from sqlalchemy import (
+    CTE,
+    Boolean,
+    Column,
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    Text,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    literal_column,
+    not_,
+    null,
+    or_,
+    select,
+)
 from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
 
 from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
+from app.capacity.json_sql import (
+    JsonArray,
+    JsonBool,
+    JsonNested,
+    JsonObject,
+    Statement,
+    compile_statement,
+    json_object,
+    sql_literal,
+)
+from app.capacity.paging import encode_cursor
 from app.capacity.policy import readable_policy
+from app.capacity.read_rules import (
+    booked_quotas,
+    lineage_cte,
+    nearest_grants,
+    offers_shown,
+    pool_seen_by,
+    quota_offer,
+    quotas_with_offers,
+    token_live,
+)
 from app.capacity.shapes import (
     Constant,
     Field,
@@ -38,273 +83,299 @@ from app.capacity.shapes import (
 )
 from app.db.direct import traced
 from app.db.engine import Database
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
 from app.iam.principal import Principal
 from app.iam.roles import CAPACITY_READ, POOLS_READ
+from app.metrics import statement_sent
 
-# json_build_object takes at most 100 arguments: 50 keys.
+# json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
 MAX_KEYS = 50
 
-_TENANT, _TOKEN, _ROLE, _SHARES = "$1::text", "$2::text", "$3::text", "$4::bool"
-_ARG, _FIRST = "$5::text", "$6::int"
+# The statement's parameters, bound per request by name (`CompiledRead.params`): the
+# acting tenant (the table of fields' own: `owned` reads it), the caller's token hash and
+# role, whether the role shares (compute:pools:share); then a page's `after` and `first`,
+# or a pool's id.
+_TENANT = ACTING_TENANT
+_TOKEN = bindparam("token", type_=String)
+_ROLE = bindparam("role", type_=String)
+_SHARES = bindparam("shares", type_=Boolean)
+_AFTER = bindparam("after", type_=String)
+_FIRST = bindparam("first", type_=Integer)
+_POOL_ID = bindparam("pool_id", type_=String)
+_ONE = literal_column("1", Integer)
+
+# What reads a cursor (an edge's, pageInfo's): the statement selects the id.
+_CURSORS = frozenset({"cursor", "start_cursor", "end_cursor"})
 
 
 class Unsupported(Exception):
     """The shape asks for something this statement does not build."""
 
 
-def _literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _cursor(expr: str) -> str:
-    # paging.encode_cursor: urlsafe base64 of "v1:<id>"; PostgreSQL wraps base64 at 76.
-    return (
-        f"replace(translate(encode(convert_to('v1:' || {expr}, 'UTF8'), 'base64'), "
-        f"'+/', '-_'), E'\\n', '')"
-    )
-
-
-# Each table's alias in the statements below.
-_ALIASES = {"pools": "p", "quota_rows": "r", "capacity_rows": "r", "offers": "o"}
-_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
-
-
-def _sql(expr: ColumnElement[Any]) -> str:
-    """A field's expression (app/capacity/fields.py) as this statement's SQL: its columns
-    over the row aliases, the acting tenant bound to its parameter."""
-
-    def swap(element: ExternallyTraversible, **_: Any) -> ExternallyTraversible | None:
-        if isinstance(element, Column) and isinstance(element.table, Table):
-            alias = element.table.alias(_ALIASES[element.table.name])
-            return alias.c[element.key]
-        if isinstance(element, BindParameter) and element.key == ACTING_TENANT.key:
-            return literal_column(_TENANT)
-        return None
-
-    swapped = replacement_traverse(expr, {}, swap)
-    text = str(swapped.compile(dialect=_DIALECT))
-    return f"({text})" if isinstance(swapped, BinaryExpression) else text
-
-
 # The values of each kind of object (a pool, and the rows of each compiled relation):
-# the table of fields' expressions over the row aliases.
-_COLUMNS: dict[str, dict[str, str]] = {
+# the table of fields' rows that select a column or an expression.
+_COLUMNS: dict[str, dict[str, Value]] = {
     kind: {
-        e.name: _sql(e.selected)
+        e.name: e
         for e in table.entries
         if isinstance(e, Value) and isinstance(e.column, ColumnElement)
     }
     for kind, table in ROW_TABLES.items()
 }
-# Each list of pool `p` (or offer `o`), in the plain read's order: the quota rows of the
-# tenant whose grant lets the actor see the pool (its own, or an ancestor's with
-# includeDescendants: reads.effective_quotas) with the offer that gives each row; the
-# rollup; the offers (reads.offers_of) and each offer's quota rows.
-_ROW_SOURCES = {
-    "quotas": "quota_rows r LEFT JOIN offers o ON o.pool_id = r.pool_id "
-    "AND o.tenant_id = r.tenant_id WHERE r.pool_id = p.id AND r.tenant_id = p.grant_tenant",
-    "capacity": "capacity_rows r WHERE r.pool_id = p.id",
-    "offers": "offers o WHERE o.pool_id = p.id",
-    "offer_quotas": "quota_rows r WHERE r.pool_id = o.pool_id AND r.tenant_id = o.tenant_id",
-}
 # Each list's order: the one the plain read sorts by (the table of fields' `order`).
-_ROW_ORDER = {
-    e.rows: ", ".join(_sql(c) for c in e.order)
+_ROW_ORDER: dict[str, tuple[ColumnElement[Any], ...]] = {
+    e.rows: e.order
     for table in ROW_TABLES.values()
     for e in table.entries
-    if isinstance(e, Relation) and e.rows in _ROW_SOURCES
+    if isinstance(e, Relation) and e.rows not in (None, "grant")
 }
+
+
+def _over(expr: ColumnElement[Any], row: CTE) -> ColumnElement[Any]:
+    """A pool's expression over the statement's pool row (`row`: the pools' columns and
+    `grant_tenant`) instead of the pools' table."""
+
+    def swap(element: ExternallyTraversible, **_: Any) -> ExternallyTraversible | None:
+        if isinstance(element, Column) and element.table is Pool.__table__:
+            return row.c[element.key]
+        return None
+
+    swapped: ColumnElement[Any] = replacement_traverse(expr, {}, swap)
+    return swapped
+
+
+# The rows of each list of the pool `row` (or of the offer being built): the quota rows
+# of the tenant whose grant lets the actor see the pool, with the offer that gives each;
+# the rollup; the offers; an offer's own rows.
+_ROW_SOURCES: dict[str, Callable[[CTE], Select[Any]]] = {
+    "quotas": lambda row: (
+        select()
+        .select_from(quotas_with_offers())
+        .where(booked_quotas(row.c.id, row.c.grant_tenant))
+    ),
+    "capacity": lambda row: (
+        select().select_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id)
+    ),
+    "offers": lambda row: select().select_from(Offer.__table__).where(Offer.pool_id == row.c.id),
+    "offer_quotas": lambda _row: select().select_from(QuotaRow.__table__).where(quota_offer()),
+}
+
+
 # What each kind of row may nest.
 _NESTS = {"pool": {"quotas", "capacity", "offers"}, "offers": {"offer_quotas"}}
 
 
-def _object(pairs: list[tuple[str, str]]) -> str:
+def _object(pairs: list[tuple[str, ColumnElement[Any]]]) -> JsonObject:
     if len(pairs) > MAX_KEYS:
         raise Unsupported(f"more than {MAX_KEYS} keys in one object")
-    return "json_build_object(" + ", ".join(f"{_literal(k)}, {v}" for k, v in pairs) + ")"
+    return json_object(pairs)
 
 
-def _value(field: Read, columns: dict[str, str]) -> str:
-    expr = columns.get(field.value)
-    if expr is None:
+def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A value as JSON of its kind: a boolean as true/false, a JSON column nested."""
+    if entry.kind == "bool":
+        return JsonBool(expr)
+    if entry.kind in ("json", "labels"):
+        return JsonNested(expr)
+    return expr
+
+
+def _value(field: Read, kind: str, row: CTE) -> ColumnElement[Any]:
+    entry = _COLUMNS[kind].get(field.value)
+    if entry is None:
         raise Unsupported(f"{field.value} here")
-    if field.mapping is None:
-        return expr
-    cases = " ".join(f"WHEN {_literal(a)} THEN {_literal(b)}" for a, b in field.mapping)
-    return f"CASE {expr} {cases} END"
+    expr = _over(entry.selected, row) if kind == "pool" else entry.selected
+    if field.mapping is not None:
+        expr = case(*((sql_literal(a), sql_literal(b)) for a, b in field.mapping), value=expr)
+    return _json(entry, expr)
 
 
-def _rows(field: Rows) -> str:
-    row = _fields(field.kind, field.fields)
-    rows = (
-        f"COALESCE((SELECT json_agg({row} ORDER BY {_ROW_ORDER[field.kind]}) "
-        f"FROM {_ROW_SOURCES[field.kind]}), '[]'::json)"
+def _rows(field: Rows, row: CTE) -> ColumnElement[Any]:
+    item = _fields(field.kind, field.fields, row)
+    rows: ColumnElement[Any] = JsonArray(
+        item, _ROW_SOURCES[field.kind](row), _ROW_ORDER[field.kind]
     )
     if field.kind == "offers":
         # Only the owner has offers to show, and only with compute:pools:share.
-        return f"CASE WHEN p.tenant_id = {_TENANT} AND {_SHARES} THEN {rows} END"
+        rows = JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), rows)))
     return rows
 
 
-def _fields(kind: str, fields: tuple[Field, ...]) -> str:
-    """An object of `kind` with `fields`, in order, under their keys."""
-    columns = _COLUMNS[kind]
-    pairs: list[tuple[str, str]] = []
+def _fields(kind: str, fields: tuple[Field, ...], row: CTE) -> JsonObject:
+    """An object of `kind` with `fields`, in order, under their keys; `row` is the pool
+    (the pool's own, or the one whose rows these are)."""
+    pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Constant):
-            pairs.append((f.key, _literal(f.value)))
+            pairs.append((f.key, sql_literal(f.value)))
         elif isinstance(f, Read):
-            pairs.append((f.key, _value(f, columns)))
+            pairs.append((f.key, _value(f, kind, row)))
         elif isinstance(f, Rows) and f.kind in _NESTS.get(kind, ()):
-            pairs.append((f.key, _rows(f)))
+            pairs.append((f.key, _rows(f, row)))
         elif isinstance(f, Nested) and f.kind == "grant" and kind == "quotas":
-            grant = _fields("grant", f.fields)
-            pairs.append((f.key, f"CASE WHEN o.tenant_id IS NOT NULL THEN {grant} END"))
+            grant = _fields("grant", f.fields, row)
+            pairs.append((f.key, JsonNested(case((Offer.tenant_id.is_not(None), grant)))))
         elif isinstance(f, Nested) and f.kind == "grant" and kind == "offer_quotas":
-            pairs.append((f.key, "NULL"))  # an offer's rows: the offer says it
+            pairs.append((f.key, null()))  # an offer's rows: the offer says it
         else:
             raise Unsupported(f"{f.key} here")
     return _object(pairs)
 
 
-def _pool(fields: tuple[Field, ...]) -> str:
-    return _fields("pool", fields)
-
-
-def _edge(fields: tuple[Field, ...]) -> str:
-    pairs: list[tuple[str, str]] = []
+def _edge(fields: tuple[Field, ...], row: CTE) -> JsonObject:
+    pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Read) and f.value == "cursor":
-            pairs.append((f.key, _cursor("p.id")))
+            pairs.append((f.key, row.c.id))  # encoded once parsed (`readable`)
         elif isinstance(f, Nested) and f.kind == "node":
-            pairs.append((f.key, _pool(f.fields)))
+            pairs.append((f.key, _fields("pool", f.fields, row)))
         elif isinstance(f, Constant):
-            pairs.append((f.key, _literal(f.value)))
+            pairs.append((f.key, sql_literal(f.value)))
         else:
             raise Unsupported(f"{f.key} on an edge")
     return _object(pairs)
 
 
-_PAGE_INFO = {
-    "has_next_page": f"((SELECT count(*) FROM page) > {_FIRST})",
-    "has_previous_page": f"({_ARG} IS NOT NULL)",
-    "start_cursor": f"(SELECT {_cursor('s.id')} FROM shown s ORDER BY s.id LIMIT 1)",
-    "end_cursor": f"(SELECT {_cursor('s.id')} FROM shown s ORDER BY s.id DESC LIMIT 1)",
-}
+def _page_info(page: CTE, shown: CTE) -> dict[str, ColumnElement[Any]]:
+    """pageInfo's values over the page (`first` + 1 rows: one more says there is a next)
+    and the rows shown; the cursors as ids, encoded once parsed."""
+    return {
+        "has_next_page": JsonBool(
+            select(func.count()).select_from(page).scalar_subquery() > _FIRST
+        ),
+        "has_previous_page": JsonBool(_AFTER.is_not(None)),
+        "start_cursor": select(shown.c.id).order_by(shown.c.id).limit(_ONE).scalar_subquery(),
+        "end_cursor": select(shown.c.id).order_by(shown.c.id.desc()).limit(_ONE).scalar_subquery(),
+    }
 
 
-def _page(fields: tuple[Field, ...]) -> str:
-    pairs: list[tuple[str, str]] = []
+def _page(fields: tuple[Field, ...], page: CTE, shown: CTE) -> JsonObject:
+    info_values = _page_info(page, shown)
+    pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Constant):
-            pairs.append((f.key, _literal(f.value)))
+            pairs.append((f.key, sql_literal(f.value)))
         elif isinstance(f, Nested) and f.kind == "page_info":
-            info: list[tuple[str, str]] = []
+            info: list[tuple[str, ColumnElement[Any]]] = []
             for g in f.fields:
-                if isinstance(g, Read):
-                    info.append((g.key, _value(g, _PAGE_INFO)))
+                if isinstance(g, Read) and g.value in info_values and g.mapping is None:
+                    info.append((g.key, info_values[g.value]))
                 elif isinstance(g, Constant):
-                    info.append((g.key, _literal(g.value)))
+                    info.append((g.key, sql_literal(g.value)))
                 else:
                     raise Unsupported(f"{g.key} on pageInfo")
             pairs.append((f.key, _object(info)))
         elif isinstance(f, Nested) and f.kind in ("nodes", "edges"):
-            item = _pool(f.fields) if f.kind == "nodes" else _edge(f.fields)
-            items = f"SELECT json_agg({item} ORDER BY p.id) FROM shown p"
-            pairs.append((f.key, f"COALESCE(({items}), '[]'::json)"))
+            item = _fields("pool", f.fields, shown) if f.kind == "nodes" else _edge(f.fields, shown)
+            pairs.append((f.key, JsonArray(item, select().select_from(shown), (shown.c.id,))))
         else:
             raise Unsupported(f"{f.key} on a page")
     return _object(pairs)
 
 
-# The tenant and its ancestors (reads.load_lineage), and whether the token is live with
-# the role the caller was planned for and no narrowing.
-_COMMON = f"""WITH RECURSIVE lineage(id, parent_id, depth) AS (
-  SELECT t.id, t.parent_id, 0 FROM tenants t WHERE t.id = {_TENANT}
-  UNION ALL
-  SELECT t.id, t.parent_id, l.depth + 1 FROM tenants t JOIN lineage l ON t.id = l.parent_id
-), caller AS (
-  SELECT {_SHARES} AS shares FROM api_tokens k JOIN role_bindings b ON b.caller_id = k.caller_id
-  WHERE k.token_hash = {_TOKEN} AND k.revoked_at IS NULL AND b.role = {_ROLE}
-    AND b.conditions = '{{}}'::jsonb
-)"""
-# The pools the lineage sees (reads._visible_pools_query), each with the row that grants
-# it (reads.load_grants: the actor's own authz row first, else the nearest ancestor's
-# with includeDescendants), archived pools for their owner only.
-_GRANTS = """SELECT DISTINCT ON (a.pool_id) a.pool_id, a.tenant_id AS grant_tenant
-    FROM lineage l JOIN authz_rows a ON a.tenant_id = l.id
-    WHERE (l.depth = 0 OR a.include_descendants) AND {where}
-    ORDER BY a.pool_id, l.depth"""
-# The same for one pool `p`, by the authz rows' primary key.
-_GRANT = """SELECT l.id AS grant_tenant FROM lineage l WHERE EXISTS (
-      SELECT 1 FROM authz_rows a WHERE a.tenant_id = l.id AND a.pool_id = p.id
-      AND (l.depth = 0 OR a.include_descendants))
-    ORDER BY l.depth LIMIT 1"""
-_SEES = f"(NOT p.archived OR p.tenant_id = {_TENANT})"
-
-
 @dataclass(frozen=True, slots=True)
 class CompiledRead:
-    """A shape's statement: parameters $1 tenant, $2 token hash, $3 role, $4 whether
-    the role shares (compute:pools:share), then $5 `after` and $6 `first` for a page,
-    $5 the pool id for a pool.
+    """A shape's statement for one dialect, its parameters bound by name (`params`).
 
     `input` is the catalog method's input (`list` or `get`, app/catalog.py): the
     arguments are validated by it, whole, as the plain read validates them, so input it
     refuses (an unknown field included) gets no answer here."""
 
     shape: Shape
-    sql: str
+    statement: Statement
     input: type[MethodInput]
     reads_capacity: bool
     shows_policy: bool  # masked once parsed (`readable`)
+    shows_cursors: bool  # encoded once parsed (`readable`)
 
     @property
     def page(self) -> bool:
         return isinstance(self.shape, PageShape)
 
+    @property
+    def sql(self) -> str:
+        return self.statement.sql
 
-def compile_read(shape: Shape, root: tuple[Constant, ...] = ()) -> CompiledRead | None:
-    """The statement for `shape` under its key (with `root`'s constants beside it), or
-    None when it builds no such answer. Done once per shape by the transport's plan."""
+    def params(
+        self,
+        tenant_id: str,
+        token_hash: str,
+        role: str,
+        shares: bool,
+        **arguments: object,
+    ) -> tuple[Any, ...]:
+        """The positional parameters: the caller's, then a page's `after` and `first` or
+        a pool's `pool_id`."""
+        values = {
+            _TENANT.key: tenant_id,
+            _TOKEN.key: token_hash,
+            _ROLE.key: role,
+            _SHARES.key: shares,
+            **arguments,
+        }
+        return self.statement.params(values)
+
+
+def compile_read(
+    shape: Shape, root: tuple[Constant, ...] = (), *, dialect: str
+) -> CompiledRead | None:
+    """The statement for `shape` under its key (with `root`'s constants beside it) on
+    `dialect`, or None when it builds no such answer. Done once per shape and dialect
+    (the transport's plan keeps it)."""
     try:
-        sql = _statement(shape, root)
+        statement = compile_statement(_statement(shape, root), dialect)
     except Unsupported:
         return None
     needs = _needs(shape.fields)
     model = ListPoolsInput if isinstance(shape, PageShape) else GetPoolInput
-    return CompiledRead(shape, sql, model, "capacity" in needs, "policy" in needs)
+    return CompiledRead(
+        shape,
+        statement,
+        model,
+        "capacity" in needs,
+        "policy" in needs,
+        "cursor" in needs,
+    )
 
 
-def _statement(shape: Shape, root: tuple[Constant, ...]) -> str:
-    pairs = [(c.key, _literal(c.value)) for c in root]
+def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
+    pairs: list[tuple[str, ColumnElement[Any]]] = [(c.key, sql_literal(c.value)) for c in root]
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
         isinstance(f, Rows) and f.kind == "offers" and f.if_denied == "decline"
         for f in _all(shape.fields)
     )
-    if isinstance(shape, PageShape):
-        pairs.append((shape.key, _page(shape.fields)))
-        grants = _GRANTS.format(where=f"({_ARG} IS NULL OR a.pool_id > {_ARG})")
-        unshared = (
-            f"AND ({_SHARES} OR NOT EXISTS (SELECT 1 FROM shown s WHERE s.tenant_id = {_TENANT}))"
+    lineage = lineage_cte(_TENANT, "lineage")
+    pools = Pool.__table__
+    live = token_live(_TOKEN, _ROLE)
+
+    def granted(*where: ColumnElement[bool]) -> Select[Any]:
+        """The pools the lineage sees (of the authz rows matching `where`), each with the
+        tenant whose authz row grants it, archived ones for their owner only."""
+        grants = nearest_grants(lineage, *where).subquery("grants")
+        return (
+            select(pools, grants.c.grant_tenant)
+            .join(grants, grants.c.pool_id == pools.c.id)
+            .where(pool_seen_by(_TENANT))
         )
-        return f"""{_COMMON}, page AS (
-  SELECT p.*, g.grant_tenant FROM ({grants}) g JOIN pools p ON p.id = g.pool_id
-  WHERE {_SEES} ORDER BY p.id LIMIT {_FIRST} + 1
-), shown AS (SELECT * FROM page ORDER BY id LIMIT {_FIRST})
-SELECT {_object(pairs)}::text
-WHERE EXISTS (SELECT 1 FROM caller) AND EXISTS (SELECT 1 FROM lineage)
-{unshared if declines else ""}"""
-    pairs.append((shape.key, _pool(shape.fields)))
-    unshared = f"AND ({_SHARES} OR p.tenant_id <> {_TENANT})"
-    return f"""{_COMMON}, target AS (
-  SELECT p.*, g.grant_tenant FROM pools p CROSS JOIN LATERAL ({_GRANT}) g
-  WHERE p.id = {_ARG} AND {_SEES}
-)
-SELECT {_object(pairs)}::text FROM target p WHERE EXISTS (SELECT 1 FROM caller)
-{unshared if declines else ""}"""
+
+    if isinstance(shape, PageShape):
+        after = or_(_AFTER.is_(None), AuthzRow.pool_id > _AFTER)
+        page = granted(after).order_by(pools.c.id).limit(_FIRST + _ONE).cte("page")
+        shown = select(page).order_by(page.c.id).limit(_FIRST).cte("shown")
+        pairs.append((shape.key, _page(shape.fields, page, shown)))
+        statement = select(cast(_object(pairs), Text)).where(live, exists(select(lineage.c.id)))
+        if declines:
+            owned = exists(select(shown.c.id).where(shown.c.tenant_id == _TENANT))
+            statement = statement.where(or_(_SHARES, not_(owned)))
+        return statement
+    target = granted(AuthzRow.pool_id == _POOL_ID).cte("target")
+    pairs.append((shape.key, _fields("pool", shape.fields, target)))
+    statement = select(cast(_object(pairs), Text)).select_from(target).where(live)
+    if declines:
+        statement = statement.where(or_(_SHARES, target.c.tenant_id != _TENANT))
+    return statement
 
 
 def _all(fields: tuple[Field, ...]) -> list[Field]:
@@ -318,36 +389,43 @@ def _all(fields: tuple[Field, ...]) -> list[Field]:
 
 
 def _needs(fields: tuple[Field, ...]) -> set[str]:
-    """The kinds of rows the fields read, and `policy` if they show it."""
+    """The kinds of rows the fields read, `policy` if they show it, `cursor` if they show
+    a cursor."""
     found: set[str] = set()
     for f in _all(fields):
         if isinstance(f, Rows):
             found.add(f.kind)
         elif isinstance(f, Read) and f.value == "policy":
             found.add("policy")
+        elif isinstance(f, Read) and f.value in _CURSORS:
+            found.add("cursor")
     return found
 
 
 def readable(data: Any, read: CompiledRead) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
-    no secret), found by the shape's keys."""
-    if read.shows_policy:
-        _mask(data[read.shape.key], read.shape.fields)
+    no secret) and every cursor encoded (paging.encode_cursor), found by the shape's
+    keys."""
+    if read.shows_policy or read.shows_cursors:
+        _finish(data[read.shape.key], read.shape.fields)
     return data
 
 
-def _mask(value: Any, fields: tuple[Field, ...]) -> None:
+def _finish(value: Any, fields: tuple[Field, ...]) -> None:
     if isinstance(value, list):
         for item in value:
-            _mask(item, fields)
+            _finish(item, fields)
         return
     if not isinstance(value, dict):
         return  # null
     for f in fields:
         if isinstance(f, Read) and f.value == "policy":
             value[f.key] = readable_policy(value[f.key])
-        elif isinstance(f, Nested) and "policy" in _needs(f.fields):
-            _mask(value[f.key], f.fields)
+        elif isinstance(f, Read) and f.value in _CURSORS:
+            if value[f.key] is not None:
+                value[f.key] = encode_cursor(value[f.key])
+        elif isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor"}:
+            _finish(value[f.key], f.fields)
 
 
 def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
@@ -362,9 +440,13 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
 
 
 async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | None:
-    """One round trip: on the direct pool (app/db/direct.py), prepared once per
-    connection; else on a read connection of the engine, in a transaction behind
-    PgBouncer (its statement timeout is SET LOCAL there, app/db/engine.py)."""
+    """One round trip: on PostgreSQL's direct pool (app/db/direct.py), prepared once per
+    connection; else on a read connection of the engine: PostgreSQL's in a transaction
+    behind PgBouncer (its statement timeout is SET LOCAL there, app/db/engine.py), or its
+    asyncpg connection itself; SQLite's aiosqlite connection itself, outside a
+    transaction (one SELECT reads one snapshot; a BEGIN would cost a round trip through
+    aiosqlite's thread as long as the one-pool statement). Past SQLAlchemy's events, the
+    statement is counted and traced here (app/db/direct.py's `traced`)."""
     if db.direct is not None:
         value = await db.direct.fetchval(sql, params)
         return value if isinstance(value, str) else None
@@ -373,7 +455,12 @@ async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | Non
             value = (await conn.exec_driver_sql(sql, params)).scalar()
         else:
             raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection  # asyncpg's Connection
+            driver: Any = raw.driver_connection  # asyncpg's, or aiosqlite's, Connection
             with traced(sql):  # past SQLAlchemy's events: its span is ours
-                value = await driver.fetchval(sql, *params)
+                if db.dialect == "sqlite":
+                    statement_sent()
+                    rows = await driver.execute_fetchall(sql, params)
+                    value = rows[0][0] if rows else None
+                else:
+                    value = await driver.fetchval(sql, *params)
     return value if isinstance(value, str) else None

@@ -1,4 +1,7 @@
-"""Read queries over Core rows. Each loader takes many pool ids, so lists never run N+1."""
+"""Read queries over Core rows. Each loader takes many pool ids, so lists never run N+1.
+
+The rules they apply (lineage, grants, archived visibility, the quota rows a viewer books
+against with their offers) are app/capacity/read_rules.py's, as the compiled reads'."""
 
 from __future__ import annotations
 
@@ -7,24 +10,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import (
-    CTE,
-    Column,
-    ColumnElement,
-    Row,
-    ScalarSelect,
-    Select,
-    and_,
-    bindparam,
-    func,
-    literal,
-    or_,
-    select,
-)
+from sqlalchemy import Column, Row, Select, bindparam, func, select
 
 from app.capacity.fields import OFFER, POOL, Value
 from app.capacity.labels import Requirement, selector_clause
 from app.capacity.policy import readable_policy
+from app.capacity.read_rules import (
+    grant_clause,
+    lineage_cte,
+    pool_seen_by,
+    quota_offer,
+    quotas_with_offers,
+)
 from app.capacity.views import (
     CapacityView,
     Grant,
@@ -35,7 +32,7 @@ from app.capacity.views import (
     ReservationView,
 )
 from app.db.engine import Executor
-from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
 from app.errors import NotFound
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
@@ -59,39 +56,6 @@ class Actor:
         return self.lineage[1:]
 
 
-def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE:
-    """The tenant (a value or a bound parameter) and its ancestors as a recursive CTE of
-    (id, parent_id, depth), depth 0 for the tenant itself."""
-    tree = select(Tenant.id, Tenant.parent_id, literal(0).label("depth")).where(
-        Tenant.id == tenant_id
-    )
-    chain = tree.cte(name, recursive=True)
-    parent = select(Tenant.id, Tenant.parent_id, (chain.c.depth + 1).label("depth")).join(
-        chain, Tenant.id == chain.c.parent_id
-    )
-    return chain.union_all(parent)
-
-
-def nearest_grant_tenant(lineage: CTE, pool_id: str | ColumnElement[str]) -> ScalarSelect[Any]:
-    """The tenant of the lineage whose authz row lets it see the pool: its own row first,
-    else the nearest ancestor's with includeDescendants (load_grants' rank, in SQL)."""
-    holds = (
-        select(AuthzRow.tenant_id)
-        .where(
-            AuthzRow.tenant_id == lineage.c.id,
-            AuthzRow.pool_id == pool_id,
-            or_(lineage.c.depth == 0, AuthzRow.include_descendants),
-        )
-        .exists()
-    )
-    return select(lineage.c.id).where(holds).order_by(lineage.c.depth).limit(1).scalar_subquery()
-
-
-def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
-    """Among granted pools, the archived ones are seen by their owner only."""
-    return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
-
-
 # Built once, with its tenant bound per call (as the other statements below).
 _LINEAGE_CHAIN = lineage_cte(bindparam("tenant_id"))
 _LINEAGE = select(_LINEAGE_CHAIN.c.id).order_by(_LINEAGE_CHAIN.c.depth)
@@ -106,12 +70,11 @@ async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
 
 
 def _grant_clause(tenant: Any, ancestors: Any | None) -> Any:
-    """The authz rows that let `tenant` see a pool: its own, or those of `ancestors` that
-    include descendants (None: it has none). Values, or bound parameters."""
-    own = AuthzRow.tenant_id == tenant
-    if ancestors is None:
-        return own
-    return or_(own, and_(AuthzRow.tenant_id.in_(ancestors), AuthzRow.include_descendants))
+    """The authz rows that let `tenant` see a pool (read_rules.grant_clause): its own, or
+    those of `ancestors` that include descendants (None: it has none). Values, or bound
+    parameters."""
+    inherited = None if ancestors is None else AuthzRow.tenant_id.in_(ancestors)
+    return grant_clause(AuthzRow.tenant_id == tenant, inherited)
 
 
 def _grant_filter(actor: Actor) -> Any:
@@ -254,7 +217,8 @@ async def visible_pool(executor: Executor, actor: Actor, pool_id: str) -> PoolVi
     return _pool_view(rows[0], actor.tenant_id, _best_grants(actor, grant_rows)[pool_id])
 
 
-# `tenant_id`'s quota rows in some pools, each with the tenant's offer there; built once.
+# `tenant_id`'s quota rows in some pools, each with the tenant's offer there (the rows a
+# viewer granted by `tenant_id` books against: effective_quotas); built once.
 _QUOTAS_OF = (
     select(
         QuotaRow.pool_id,
@@ -266,10 +230,7 @@ _QUOTAS_OF = (
         Offer.priority,
         Offer.created_at,
     )
-    .outerjoin(
-        Offer,
-        and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
-    )
+    .select_from(quotas_with_offers())
     .where(
         QuotaRow.tenant_id == bindparam("tenant_id"),
         QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)),
@@ -333,10 +294,7 @@ _OFFERS_OF = (
         QuotaRow.max,
         QuotaRow.used,
     )
-    .outerjoin(
-        QuotaRow,
-        and_(QuotaRow.pool_id == Offer.pool_id, QuotaRow.tenant_id == Offer.tenant_id),
-    )
+    .select_from(Offer.__table__.outerjoin(QuotaRow.__table__, quota_offer()))
     .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
     .order_by(Offer.pool_id, *_ORDER["offers"], *OFFER.relation("quotas").order)
 )

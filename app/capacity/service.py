@@ -48,6 +48,7 @@ from app.capacity.inputs import (
     UpdatePoolInput,
     parse_input,
 )
+from app.capacity.json_sql import DIALECTS
 from app.capacity.node_ids import PoolOffer, parse_node_id
 from app.capacity.paging import Page, PageRequest, pools_page_request
 from app.capacity.shapes import Constant, Shape
@@ -223,16 +224,22 @@ class Capacity:
 
     @property
     def compiles_reads(self) -> bool:
-        """Whether compiled reads answer here (PostgreSQL); elsewhere the plain reads do."""
+        """Whether compiled reads answer here: on both dialects (json_reads)."""
+        return self.db.dialect in DIALECTS
+
+    @property
+    def compiles_writes(self) -> bool:
+        """Whether bookings and releases may be one statement (PostgreSQL: booking.py,
+        booking_release.py); elsewhere the plain writes answer."""
         return self.db.dialect == "postgresql"
 
-    @staticmethod
     def compile_read(
-        shape: Shape, root: tuple[Constant, ...] = ()
+        self, shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
-        """`list` (a PageShape) or `get` (a PoolShape) as one statement that answers in
-        JSON, with `root`'s constants beside it; None when no statement builds it."""
-        return json_reads.compile_read(shape, root)
+        """`list` (a PageShape) or `get` (a PoolShape) as one statement for this store's
+        dialect that answers in JSON, with `root`'s constants beside it; None when no
+        statement builds it."""
+        return json_reads.compile_read(shape, root, dialect=self.db.dialect)
 
     async def read_json(
         self,
@@ -243,7 +250,7 @@ class Capacity:
     ) -> Any:
         """A compiled read's answer, parsed JSON under the shape's keys; None when this
         path does not give the answer (input the plain read refuses, a caller whose
-        decisions differ per pool, a token no longer live, a pool not visible, SQLite):
+        decisions differ per pool, a token no longer live, a pool not visible):
         the plain read then gives it, error and all. `args` are the method's input as
         sent (REST's body, GraphQL's arguments), validated whole by the method's model as
         the plain read validates them (an unknown field is refused), with a page's first
@@ -252,7 +259,7 @@ class Capacity:
         is raised as it is, for the plain path to meet and report."""
         if not self.compiles_reads:
             return None
-        tail: tuple[object, ...]
+        arguments: dict[str, object]
         try:
             if read.page:
                 # `first` and `after` page; the rest is the method's input (a `list`).
@@ -265,16 +272,17 @@ class Capacity:
                     args.get("first"),  # type: ignore[arg-type]
                     args.get("after"),  # type: ignore[arg-type]
                 )
-                tenant_id, tail = listed.tenant_id, (page.after, page.first)
+                tenant_id, arguments = listed.tenant_id, {"after": page.after, "first": page.first}
             else:
                 get = parse_input(read.input, args)
                 assert isinstance(get, GetPoolInput)
-                tenant_id, tail = get.tenant_id, (get.pool_id,)
+                tenant_id, arguments = get.tenant_id, {"pool_id": get.pool_id}
         except DomainError:
             return None
         if not json_reads.eligible(principal, tenant_id, read):
             return None
-        params = (tenant_id, token_hash, principal.role, principal.has(POOLS_SHARE), *tail)
+        shares = principal.has(POOLS_SHARE)
+        params = read.params(tenant_id, token_hash, principal.role, shares, **arguments)
         try:
             text = await json_reads.fetch(self.db, read.sql, params)
         except Exception as exc:
@@ -324,7 +332,7 @@ class Capacity:
         """`create_reservation` as one statement (PostgreSQL, app/capacity/booking.py), or
         None: `create_reservation` then answers, error and all. With `token_hash`, the
         principal was remembered by admission and the statement checks its token."""
-        if not self.compiles_reads:
+        if not self.compiles_writes:
             return None
         return await _counted("booking", booking.book(self.db, principal, inp, token_hash))
 
@@ -341,7 +349,7 @@ class Capacity:
     ) -> ReservationView | None:
         """`release_reservation` as one statement (app/capacity/booking_release.py), or
         None: `release_reservation` then answers."""
-        if not self.compiles_reads:
+        if not self.compiles_writes:
             return None
         released = booking_release.release(self.db, principal, inp, token_hash)
         return await _counted("release", released)

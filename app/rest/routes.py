@@ -37,7 +37,8 @@ GET_PATH = "/api/compute/pools/get"
 def _endpoint(method: Method) -> Any:
     # `get` may be answered by one compiled statement that also checks the token, so a
     # caller this process has seen is not looked up first (app/http/admission.py).
-    compiled = Capacity.compile_read(GET_SHAPE) if method.path == GET_PATH else None
+    reads = method.path == GET_PATH
+    compiled: dict[str, CompiledRead | None] = {}  # per dialect, built on first use
     # A booking or release may be one statement that checks the token too
     # (app/capacity/booking.py, booking_release.py).
     books = method is CREATE_RESERVATION or method is RELEASE_RESERVATION
@@ -47,10 +48,10 @@ def _endpoint(method: Method) -> Any:
         admission: Admission = request.app.state.admission
         authorization = request.headers.get("authorization")
         try:
-            fast = (
-                (compiled is not None or books)
-                and request.app.state.settings.compiled_reads
-                and capacity.compiles_reads
+            read = _compiled_get(capacity, compiled) if reads else None
+            fast = request.app.state.settings.compiled_reads and (
+                (read is not None and capacity.compiles_reads)
+                or (books and capacity.compiles_writes)
             )
             admitted = await admission.admit(
                 request,
@@ -58,13 +59,13 @@ def _endpoint(method: Method) -> Any:
                 lambda: authenticate(capacity.db, authorization),
                 compiled=fast,
             )
-            if compiled is not None and admitted.token_hash is not None:
+            if read is not None and admitted.token_hash is not None:
                 await admission.read_body(request, admitted)  # BETTERCOMPUTE_COMPILED_READS
                 if admitted.body_error is not None:
                     raise admitted.body_error
                 assert admitted.body is not None
                 answer = await _compiled_answer(
-                    capacity, admitted.principal, admitted.token_hash, compiled, admitted.body
+                    capacity, admitted.principal, admitted.token_hash, read, admitted.body
                 )
                 if answer is not None:
                     return JSONResponse(answer)
@@ -92,6 +93,14 @@ def _endpoint(method: Method) -> Any:
 
     endpoint.__name__ = f"{method.group}_{method.name}"
     return endpoint
+
+
+def _compiled_get(capacity: Capacity, built: dict[str, CompiledRead | None]) -> CompiledRead | None:
+    """`get`'s compiled read for the store's dialect, built once per dialect."""
+    dialect = capacity.db.dialect
+    if dialect not in built:
+        built[dialect] = capacity.compile_read(GET_SHAPE)
+    return built[dialect]
 
 
 async def _compiled_answer(

@@ -40,6 +40,11 @@ def _graphql_statements() -> float:
     return found or 0.0
 
 
+def _compiled_answers() -> float:
+    labels = {"outcome": "answered"}
+    return REGISTRY.get_sample_value("bettercompute_compiled_reads_total", labels) or 0.0
+
+
 async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fleet: Fleet) -> None:
     await fleet.tenant("acme")
     site = await fleet.site("acme")
@@ -62,6 +67,7 @@ async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fl
     # Once first: the compiled path (on by default) plans a query text after it has run
     # once, and remembers the caller.
     await api.graphql(token, NESTED, {"first": 1})
+    answered = _compiled_answers()
     for first in (1, 10, 100):
         before = _graphql_statements()
         answer = await api.graphql(token, NESTED, {"first": first})
@@ -72,7 +78,11 @@ async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fl
         counts[first] = int(_graphql_statements() - before)
     print(f"statements for pools(first: N) with quotas, capacity, offers: {counts}")
     assert counts[1] == counts[10] == counts[100], counts
-    if capacity.db.dialect == "postgresql" and app.state.settings.compiled_reads:
-        # The compiled statement alone; behind PgBouncer, in a transaction that begins
-        # with SET LOCAL statement_timeout (app/db/engine.py).
-        assert counts[1] == (1 if capacity.db.direct is not None else 2), counts
+    if app.state.settings.compiled_reads:
+        # The compiled statement alone, on both dialects: on PostgreSQL's direct pool, or
+        # behind PgBouncer in a transaction that begins with SET LOCAL statement_timeout
+        # (app/db/engine.py); on SQLite on the read connection, outside a transaction.
+        pooled = capacity.db.dialect == "postgresql" and capacity.db.direct is None
+        assert counts[1] == (2 if pooled else 1), counts
+        # ... and it is the compiled statement that answered each page.
+        assert _compiled_answers() - answered == 3, capacity.db.dialect

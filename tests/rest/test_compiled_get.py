@@ -11,6 +11,8 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
+from app.capacity.json_reads import compile_read
+from app.capacity.json_sql import DIALECTS
 from app.capacity.service import Capacity
 from app.iam.callers import authenticate, rebind_caller, revoke_token
 from tests.compiled_world import CALLERS, Pair, World, pair, world
@@ -51,10 +53,7 @@ async def test_get_answers_alike(pair: Pair, world: World, dialect: str) -> None
             assert await _get(pair.fast, token, body) == plain, (caller, body)
             assert await _get(pair.fast, token, body) == plain, (caller, body)
     answered = _answered() - before
-    if dialect == "postgresql":
-        assert answered >= 40, answered
-    else:
-        assert answered == 0
+    assert answered >= 40, (dialect, answered)  # the compiled path answers on both
 
 
 async def test_a_secret_is_never_read_back(pair: Pair, world: World, dialect: str) -> None:
@@ -124,10 +123,7 @@ async def test_unknown_fields_are_refused_alike(pair: Pair, world: World, dialec
                     assert await _get(pair.fast, token, body) == plain, (caller, body)
                 tried += 2
     declined = _declined() - before
-    if dialect == "postgresql":
-        assert declined == tried, (declined, tried)
-    else:
-        assert declined == 0
+    assert declined == tried, (dialect, declined, tried)
 
 
 def test_the_compiled_read_validates_with_the_catalog_input() -> None:
@@ -135,7 +131,8 @@ def test_the_compiled_read_validates_with_the_catalog_input() -> None:
     from app.catalog import METHODS
     from app.rest.render import GET_SHAPE
 
-    read = Capacity.compile_read(GET_SHAPE)
-    assert read is not None
     (method,) = [m for m in METHODS if m.path == "/api/compute/pools/get"]
-    assert read.input is method.input
+    for dialect in DIALECTS:
+        read = compile_read(GET_SHAPE, dialect=dialect)
+        assert read is not None
+        assert read.input is method.input

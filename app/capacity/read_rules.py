@@ -1,0 +1,136 @@
+"""The read rules of CONTRACT section 2, each written once as SQLAlchemy, on both dialects.
+
+The plain reads (app/capacity/reads.py), the compiled JSON statements
+(app/capacity/json_reads.py) and the one-statement bookings (app/capacity/booking.py)
+are all built from these objects; none of the rules is written again as SQL text:
+
+- `lineage_cte`: a tenant and its ancestors, nearest first (depth 0: the tenant);
+- `grant_clause` / `granting`: the authz rows that let a tenant see a pool (its own, or
+  an ancestor's with includeDescendants), and `nearest_grants` (`nearest_grant_tenant`
+  for one pool): the one among them that grants it (the own row first, else the nearest
+  ancestor's);
+- `pool_seen_by`: archived pools are seen by their owner only;
+- `booked_quotas`: the quota rows a viewer books against (the grant tenant's rows),
+  `quota_offer`: the offer that gives a quota row (seen from an offer: its rows), and
+  `quotas_with_offers`: the rows joined with it;
+- `offers_shown`: offers are shown to the pool's owner with compute:pools:share only;
+- `token_live`: a remembered caller's token still live with the same unnarrowed role;
+- each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Integer,
+    Join,
+    ScalarSelect,
+    Select,
+    and_,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+    true,
+)
+
+from app.capacity.json_sql import JsonIsEmptyObject
+from app.db.models import ApiToken, AuthzRow, Offer, Pool, QuotaRow, RoleBinding, Tenant
+
+
+def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE:
+    """The tenant (a value or a bound parameter) and its ancestors as a recursive CTE of
+    (id, parent_id, depth), depth 0 for the tenant itself."""
+    tree = select(Tenant.id, Tenant.parent_id, literal_column("0", Integer).label("depth")).where(
+        Tenant.id == tenant_id
+    )
+    chain = tree.cte(name, recursive=True)
+    step = chain.c.depth + literal_column("1", Integer)
+    parent = select(Tenant.id, Tenant.parent_id, step.label("depth")).join(
+        chain, Tenant.id == chain.c.parent_id
+    )
+    return chain.union_all(parent)
+
+
+def grant_clause(own: ColumnElement[bool], inherited: ColumnElement[bool] | None) -> Any:
+    """The authz rows that let a tenant see a pool: its own (`own` says which rows are),
+    or an ancestor's (`inherited`) that includes descendants; None: it has no ancestors."""
+    if inherited is None:
+        return own
+    return or_(own, and_(inherited, AuthzRow.include_descendants))
+
+
+def granting(lineage: CTE) -> ColumnElement[bool]:
+    """`grant_clause` over a lineage CTE: the authz rows of its tenants that grant."""
+    return and_(
+        AuthzRow.tenant_id == lineage.c.id,
+        grant_clause(lineage.c.depth == literal_column("0", Integer), true()),
+    )
+
+
+def nearest_grants(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
+    """(pool_id, grant_tenant) of each pool an authz row of the lineage grants (of the
+    rows matching `where` too): the tenant whose row grants it, the nearest of the lineage
+    (its own row first, else the nearest ancestor's with includeDescendants:
+    reads.load_grants' rank)."""
+    nearest = (
+        select(AuthzRow.pool_id, func.min(lineage.c.depth).label("depth"))
+        .select_from(lineage.join(AuthzRow.__table__, granting(lineage)))
+        .where(*where)
+        .group_by(AuthzRow.pool_id)
+        .subquery("nearest")
+    )
+    return select(nearest.c.pool_id, lineage.c.id.label("grant_tenant")).join(
+        lineage, lineage.c.depth == nearest.c.depth
+    )
+
+
+def nearest_grant_tenant(lineage: CTE, pool_id: str | ColumnElement[str]) -> ScalarSelect[Any]:
+    """The tenant of `nearest_grants` for one pool (NULL: the lineage is granted none)."""
+    nearest = nearest_grants(lineage, AuthzRow.pool_id == pool_id).subquery("nearest_grant")
+    return select(nearest.c.grant_tenant).scalar_subquery()
+
+
+def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
+    """Among granted pools, the archived ones are seen by their owner only."""
+    return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
+
+
+def quota_offer() -> ColumnElement[bool]:
+    """The offer that gives a quota row: the row tenant's offer of the row's pool."""
+    return and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id)
+
+
+def quotas_with_offers() -> Join:
+    """Quota rows, each with the offer that gives it (outer-joined: none once it ended)."""
+    return QuotaRow.__table__.outerjoin(Offer.__table__, quota_offer())
+
+
+def booked_quotas(
+    pool_id: ColumnElement[str], grant_tenant: ColumnElement[str]
+) -> ColumnElement[bool]:
+    """The quota rows a pool's viewer books against: the grant tenant's, in that pool."""
+    return and_(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id == grant_tenant)
+
+
+def offers_shown(
+    owner: ColumnElement[str], tenant_id: ColumnElement[str], shares: ColumnElement[bool]
+) -> ColumnElement[bool]:
+    """Offers are shown to the pool's owner with compute:pools:share only."""
+    return and_(owner == tenant_id, shares)
+
+
+def token_live(token: ColumnElement[str], role: ColumnElement[str]) -> Any:
+    """The caller's token is live and its role binding is `role`, not narrowed: what a
+    remembered principal was remembered with (an EXISTS)."""
+    return exists().where(
+        ApiToken.token_hash == token,
+        ApiToken.revoked_at.is_(None),
+        RoleBinding.caller_id == ApiToken.caller_id,
+        RoleBinding.role == role,
+        JsonIsEmptyObject(RoleBinding.conditions),
+    )
