@@ -50,7 +50,7 @@ from sqlalchemy import select
 from app.capacity.access import reads_offers
 from app.capacity.event_reads import view_of
 from app.capacity.pool_reads import read_parts
-from app.capacity.reads import Actor, visible_pool
+from app.capacity.reads import Actor, grant_for, nearest_grant, visible_pool
 from app.capacity.views import Grant, PoolDetail, PoolPart
 from app.catalog import GET_POOL, LIST_POOLS
 from app.db.engine import Executor
@@ -93,34 +93,14 @@ class World:
     _grants: dict[tuple[str, str], Grant | None] = field(default_factory=dict)
 
     def grant(self, actor: Actor, pool_id: str) -> Grant | None:
-        """The row that lets the actor see the pool, as `reads.load_grants` picks it: its
-        own row first, else the nearest ancestor's that includes descendants."""
+        """The row that lets the actor see the pool, by the plain reads' rule
+        (`reads.nearest_grant`: its own row first, else the nearest ancestor's that
+        includes descendants)."""
         key = (actor.tenant_id, pool_id)
         if key in self._grants:
             return self._grants[key]
-        best: AuthzEntry | None = None
-        best_rank = len(actor.lineage)
-        for entry in self.authz.get(pool_id, ()):
-            if entry.tenant_id == actor.tenant_id:
-                rank = 0
-            elif entry.include_descendants and entry.tenant_id in actor.ancestors:
-                rank = actor.lineage.index(entry.tenant_id)
-            else:
-                continue
-            if rank < best_rank:
-                best, best_rank = entry, rank
-        grant = None
-        if best is not None:
-            attributes = best.attributes
-            if best.tenant_id != actor.tenant_id and attributes.owned:
-                attributes = PoolAttributes(
-                    attributes.gpu_model,
-                    attributes.pool_class,
-                    attributes.sharing,
-                    attributes.region,
-                    False,
-                )
-            grant = Grant(tenant_id=best.tenant_id, attributes=attributes)
+        best = nearest_grant(actor, self.authz.get(pool_id, ()))
+        grant = None if best is None else grant_for(actor, best.tenant_id, best.attributes)
         self._grants[key] = grant
         return grant
 

@@ -5,10 +5,11 @@ against with their offers) are app/capacity/read_rules.py's, as the compiled rea
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import Column, Row, Select, bindparam, func, select
 
@@ -104,27 +105,59 @@ async def load_grants(
     return _best_grants(actor, rows)
 
 
+class GrantingRow(Protocol):
+    """An authz row as the grant rule reads it (a database row, or the relay's copy)."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def include_descendants(self) -> bool: ...
+
+
+_Row = TypeVar("_Row", bound=GrantingRow)
+
+
+def nearest_grant(actor: Actor, rows: Iterable[_Row]) -> _Row | None:
+    """Of one pool's authz rows, the one that grants it to the actor (read_rules'
+    grant_clause and nearest_grants, for rows already in hand): its own row first, else
+    the nearest ancestor's that includes descendants; None when none grants it."""
+    best: _Row | None = None
+    best_rank = len(actor.lineage)
+    for row in rows:
+        if row.tenant_id == actor.tenant_id:
+            rank = 0
+        elif row.include_descendants and row.tenant_id in actor.ancestors:
+            rank = actor.lineage.index(row.tenant_id)
+        else:
+            continue
+        if rank < best_rank:
+            best, best_rank = row, rank
+    return best
+
+
+def grant_for(actor: Actor, tenant_id: str, attributes: PoolAttributes) -> Grant:
+    """The grant of a pool through `tenant_id`'s row: `owned` only for the owner acting
+    for itself (an ancestor's row says its own tenant owns the pool, not the actor)."""
+    if attributes.owned and tenant_id != actor.tenant_id:
+        attributes = dataclasses.replace(attributes, owned=False)
+    return Grant(tenant_id=tenant_id, attributes=attributes)
+
+
 def _best_grants(actor: Actor, rows: Sequence[Any]) -> dict[str, Grant]:
     """Of authz rows matching `_grant_filter(actor)`, the one granting each pool."""
-    rank = {tenant: i for i, tenant in enumerate(actor.lineage)}
-    best: dict[str, Any] = {}
+    by_pool: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
-        held = best.get(row.pool_id)
-        if held is None or rank[row.tenant_id] < rank[held.tenant_id]:
-            best[row.pool_id] = row
-    return {
-        pool_id: Grant(
-            tenant_id=row.tenant_id,
-            attributes=PoolAttributes(
-                gpu_model=row.gpu_model,
-                pool_class=row.pool_class,
-                sharing=row.sharing,
-                region=row.region,
-                owned=row.owned and row.tenant_id == actor.tenant_id,
-            ),
-        )
-        for pool_id, row in best.items()
-    }
+        by_pool[row.pool_id].append(row)
+    found: dict[str, Grant] = {}
+    for pool_id, held in by_pool.items():
+        best = nearest_grant(actor, held)
+        if best is not None:
+            attributes = PoolAttributes(
+                best.gpu_model, best.pool_class, best.sharing, best.region, best.owned
+            )
+            found[pool_id] = grant_for(actor, best.tenant_id, attributes)
+    return found
 
 
 # The pool's stored values, read by the table of fields (app/capacity/fields.py): a
@@ -176,6 +209,7 @@ async def visible_pools(
 class _GrantRow(NamedTuple):
     tenant_id: str
     pool_id: str
+    include_descendants: bool
     gpu_model: str | None
     pool_class: str
     sharing: str
