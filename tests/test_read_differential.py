@@ -1,6 +1,6 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
-every read the compiled path may answer (GraphQL `pools` and `pool`, REST `pools/get`)
-answers exactly as the plain path answers it, on both dialects.
+every read the compiled path may answer (GraphQL `pools` and `pool`, REST `pools/get` and
+`pools/list`) answers exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -400,6 +400,10 @@ def _get(reader: Reader, body: Any, note: str) -> Call:
     return Call("rest get", reader, "/api/compute/pools/get", body, note)
 
 
+def _list(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest list", reader, "/api/compute/pools/list", body, note)
+
+
 def _node_ids(answer: Answer) -> list[str]:
     data = (answer.json() or {}).get("data") or {}
     pools = data.get("pools") or {}
@@ -522,6 +526,19 @@ async def _read_as_every_reader(
             ]
             for body, note in rng.sample(bad, k=3):
                 await compare(pair, log, _get(reader, body, note), report)
+            # REST list: every pool, then a body the compiled list leaves to the plain path
+            # (a selector) or that the plain path refuses.
+            await compare(pair, log, _list(reader, {"tenantId": t}, "all"), report)
+            odd_list: list[tuple[Any, str]] = [
+                ({"tenantId": t, "labelSelector": "tier=gold"}, "a selector"),
+                ({"tenantId": t, "labelSelector": "=="}, "a bad selector"),
+                ({"tenantId": t, **rng.choice(UNKNOWN_FIELDS)}, "an unknown field"),
+                ({"tenantId": rng.choice(sorted(world.tenants))}, "another tenant"),
+                ({}, "no tenantId"),
+                (b"[]", "a list"),
+            ]
+            body, note = rng.choice(odd_list)
+            await compare(pair, log, _list(reader, body, note), report)
         await _late_changes(pair, world, rng, queries, log, report)
 
 
@@ -531,6 +548,7 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
         _graphql("graphql pools", reader, queries.nodes, {"t": t, "first": 100}, note),
         _graphql("graphql pool", reader, queries.one, {"t": t, "p": pool_id}, note),
         _get(reader, {"tenantId": t, "poolId": pool_id}, note),
+        _list(reader, {"tenantId": t}, note),
     ]
 
 
@@ -587,7 +605,7 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         compiling = compiles(pair.fast)
     print(report.summary())
     assert not report.differences, report.failure()
-    kinds = ("graphql pools", "graphql pool", "rest get")
+    kinds = ("graphql pools", "graphql pool", "rest get", "rest list")
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
         assert not missing, f"never compiled: {missing}; {report.summary()}"
@@ -600,6 +618,7 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest get 200 ok",
         "rest get 400 INVALID_INPUT",
         "rest get 401 UNAUTHENTICATED",
+        "rest list 200 ok",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 

@@ -75,8 +75,10 @@ from app.capacity.read_rules import (
 from app.capacity.shapes import (
     Constant,
     Field,
+    ListShape,
     Nested,
     PageShape,
+    PoolShape,
     Read,
     Rows,
     Shape,
@@ -293,6 +295,11 @@ class CompiledRead:
         return isinstance(self.shape, PageShape)
 
     @property
+    def every(self) -> bool:
+        """Every pool the tenant sees, unpaged (REST's `list`)."""
+        return isinstance(self.shape, ListShape)
+
+    @property
     def sql(self) -> str:
         return self.statement.sql
 
@@ -327,7 +334,7 @@ def compile_read(
     except Unsupported:
         return None
     needs = _needs(shape.fields)
-    model = ListPoolsInput if isinstance(shape, PageShape) else GetPoolInput
+    model = GetPoolInput if isinstance(shape, PoolShape) else ListPoolsInput
     return CompiledRead(
         shape,
         statement,
@@ -360,6 +367,15 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
             .where(pool_seen_by(_TENANT))
         )
 
+    if isinstance(shape, ListShape):
+        every = granted().cte("every")
+        pool = _fields("pool", shape.fields, every)
+        pairs.append((shape.key, JsonArray(pool, select().select_from(every), (every.c.id,))))
+        statement = select(cast(_object(pairs), Text)).where(live, exists(select(lineage.c.id)))
+        if declines:
+            owned = exists(select(every.c.id).where(every.c.tenant_id == _TENANT))
+            statement = statement.where(or_(_SHARES, not_(owned)))
+        return statement
     if isinstance(shape, PageShape):
         after = or_(_AFTER.is_(None), AuthzRow.pool_id > _AFTER)
         page = granted(after).order_by(pools.c.id).limit(_FIRST + _ONE).cte("page")

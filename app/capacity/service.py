@@ -236,9 +236,9 @@ class Capacity:
     def compile_read(
         self, shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
-        """`list` (a PageShape) or `get` (a PoolShape) as one statement for this store's
-        dialect that answers in JSON, with `root`'s constants beside it; None when no
-        statement builds it."""
+        """`list` (a PageShape: a page; a ListShape: every pool) or `get` (a PoolShape)
+        as one statement for this store's dialect that answers in JSON, with `root`'s
+        constants beside it; None when no statement builds it."""
         return json_reads.compile_read(shape, root, dialect=self.db.dialect)
 
     async def read_json(
@@ -261,7 +261,13 @@ class Capacity:
             return None
         arguments: dict[str, object]
         try:
-            if read.page:
+            if read.every:
+                listed = parse_input(read.input, args)
+                assert isinstance(listed, ListPoolsInput)
+                if listed.label_selector is not None:
+                    return None  # the compiled list does not select by labels: plain path
+                tenant_id, arguments = listed.tenant_id, {}
+            elif read.page:
                 # `first` and `after` page; the rest is the method's input (a `list`).
                 given = {k: v for k, v in args.items() if k not in ("first", "after")}
                 listed = parse_input(read.input, given)

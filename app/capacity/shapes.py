@@ -90,4 +90,12 @@ class PoolShape:
     fields: tuple[Field, ...]
 
 
-Shape = PageShape | PoolShape
+@dataclass(frozen=True, slots=True)
+class ListShape:
+    """Every pool the tenant sees, in id order, as one list under `key` (REST's `list`)."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+Shape = PageShape | PoolShape | ListShape

@@ -22,7 +22,7 @@ from app.capacity.fields import (
 )
 from app.capacity.paging import Page
 from app.capacity.shapes import Field as ShapeField
-from app.capacity.shapes import Nested, PoolShape, Read, Rows
+from app.capacity.shapes import ListShape, Nested, PoolShape, Read, Rows
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -135,6 +135,8 @@ def _shape(table: Table, keeps: tuple[str, ...] = ()) -> tuple[ShapeField, ...]:
 # compiled read builds it in one statement (app/capacity/json_reads.py).
 # tests/rest/test_compiled_get.py holds the two to the same bytes.
 GET_SHAPE = PoolShape("pool", _shape(POOL))
+# `list`'s answer, {"pools": [pool_json(...), ...]}: every pool, each as `get` shows it.
+LIST_SHAPE = ListShape("pools", GET_SHAPE.fields)
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from app.capacity.inputs import (
 )
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
+from app.capacity.shapes import Shape
 from app.capacity.views import ImpactView, ReservationView
 from app.catalog import CREATE_RESERVATION, METHODS, POOL_METHODS, RELEASE_RESERVATION, Method
 from app.errors import InvalidInput, Unavailable
@@ -28,16 +29,21 @@ from app.iam.principal import Principal
 from app.metrics import COMPILED_READS
 from app.rest.errors import error_response
 from app.rest.openapi import openapi_document
-from app.rest.render import GET_SHAPE, render
+from app.rest.render import GET_SHAPE, LIST_SHAPE, render
 
 log = logging.getLogger(__name__)
-GET_PATH = "/api/compute/pools/get"
+# The reads one compiled statement may answer (app/capacity/json_reads.py), by path.
+COMPILED_SHAPES: dict[str, Shape] = {
+    "/api/compute/pools/get": GET_SHAPE,
+    "/api/compute/pools/list": LIST_SHAPE,
+}
 
 
 def _endpoint(method: Method) -> Any:
-    # `get` may be answered by one compiled statement that also checks the token, so a
-    # caller this process has seen is not looked up first (app/http/admission.py).
-    reads = method.path == GET_PATH
+    # `get` and `list` may be answered by one compiled statement that also checks the
+    # token, so a caller this process has seen is not looked up first
+    # (app/http/admission.py).
+    shape = COMPILED_SHAPES.get(method.path)
     compiled: dict[str, CompiledRead | None] = {}  # per dialect, built on first use
     # A booking or release may be one statement that checks the token too
     # (app/capacity/booking.py, booking_release.py).
@@ -48,7 +54,7 @@ def _endpoint(method: Method) -> Any:
         admission: Admission = request.app.state.admission
         authorization = request.headers.get("authorization")
         try:
-            read = _compiled_get(capacity, compiled) if reads else None
+            read = None if shape is None else _compiled(capacity, shape, compiled)
             fast = request.app.state.settings.compiled_reads and (
                 (read is not None and capacity.compiles_reads)
                 or (books and capacity.compiles_writes)
@@ -95,11 +101,13 @@ def _endpoint(method: Method) -> Any:
     return endpoint
 
 
-def _compiled_get(capacity: Capacity, built: dict[str, CompiledRead | None]) -> CompiledRead | None:
-    """`get`'s compiled read for the store's dialect, built once per dialect."""
+def _compiled(
+    capacity: Capacity, shape: Shape, built: dict[str, CompiledRead | None]
+) -> CompiledRead | None:
+    """The method's compiled read for the store's dialect, built once per dialect."""
     dialect = capacity.db.dialect
     if dialect not in built:
-        built[dialect] = capacity.compile_read(GET_SHAPE)
+        built[dialect] = capacity.compile_read(shape)
     return built[dialect]
 
 
@@ -118,7 +126,7 @@ async def _compiled_answer(
     except Unavailable:  # the database is out of reach: the plain path would wait again
         raise
     except Exception:  # the plain path meets the same fault and reports it
-        log.debug("compiled get failed; answering on the plain path", exc_info=True)
+        log.debug("compiled read failed; answering on the plain path", exc_info=True)
         answer = None
     COMPILED_READS.labels("declined" if answer is None else "answered").inc()
     return answer
