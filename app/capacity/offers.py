@@ -148,7 +148,7 @@ async def _withdrawn(session: AsyncSession, pool_id: str, tenant_ids: Sequence[s
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, OFFER_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, OFFER_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, OFFER_POOL.permission)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
@@ -240,17 +240,19 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     await session.flush()
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
     lineage = (
-        await load_lineage(session, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
+        await load_lineage(uow.statements, inp.to_tenant_id)
+        if target_exists
+        else (inp.to_tenant_id,)
     )
     seen_by = Actor(principal, inp.to_tenant_id, lineage)
-    return await pool_detail(session, seen_by, pool.id)
+    return await pool_detail(uow.statements, seen_by, pool.id)
 
 
 async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, UNOFFER_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UNOFFER_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, UNOFFER_POOL.permission)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")

@@ -98,10 +98,10 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     pool_id = call.resource_id
     if await call.is_retry(session):
         # The first call's decision stands: no second IAM decision, no second event.
-        actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
-        return await pool_detail(session, actor, pool_id)
+        actor = Actor(principal, inp.tenant_id, await load_lineage(uow.statements, inp.tenant_id))
+        return await pool_detail(uow.statements, actor, pool_id)
 
-    actor = await resolve_actor(session, principal, inp.tenant_id, CREATE_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, CREATE_POOL)
     site = await session.get(Site, inp.site_id)
     if site is None or site.tenant_id != actor.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
@@ -166,7 +166,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
             audience=frozenset({actor.tenant_id}),
         )
     )
-    return await pool_detail(session, actor, pool_id)
+    return await pool_detail(uow.statements, actor, pool_id)
 
 
 # -- update --------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, UPDATE_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UPDATE_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, UPDATE_POOL.permission)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
@@ -221,7 +221,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         await refresh_authz_rows(session, pool)
     await refresh_rollup(session, pool)
     _emit_updated(uow, actor, pool, offers, changed, changes)
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)
 
 
 # -- label ---------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
     if inp.display_name is None and inp.labels is None:
         raise InvalidInput("give displayName, labels or both", field="displayName")
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, LABEL_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, LABEL_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, LABEL_POOL.permission)
     check_version(pool, inp.version)
     if pool.archived:
@@ -254,13 +254,13 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
             pool.labels = dict(inp.labels)
             changed.append("labels")
     if not changes:
-        return await pool_detail(session, actor, pool.id)
+        return await pool_detail(uow.statements, actor, pool.id)
     pool.version += 1
     pool.updated_at = utcnow()
     await session.flush()
     offers = await offers_on(session, pool.id)
     _emit_updated(uow, actor, pool, offers, changed, changes)
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)
 
 
 def _emit_updated(
@@ -290,13 +290,13 @@ async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, ARCHIVE_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, ARCHIVE_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, ARCHIVE_POOL.permission)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
     if pool.archived:
-        return await pool_detail(session, actor, pool.id)
+        return await pool_detail(uow.statements, actor, pool.id)
     removed = await withdraw_guest_offers(session, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
@@ -314,4 +314,4 @@ async def archive_pool(
         )
     )
     await session.flush()
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)
