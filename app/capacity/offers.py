@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import bindparam, delete, exists, func, select, update
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import check_version, lock_owned_pool, resolve_actor
@@ -17,6 +18,7 @@ from app.capacity.projection import remove_authz_rows, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
+from app.db.engine import Executor
 from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
 from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
@@ -31,6 +33,12 @@ _TENANT_NODES = select(
 )
 _OFFER_COUNT = select(func.count()).select_from(Offer).where(Offer.pool_id == bindparam("pool_id"))
 _OFFERS_ON = select(Offer).where(Offer.pool_id == bindparam("pool_id")).order_by(Offer.tenant_id)
+# The same offers as rows, not entities: what a write reads of them (built once).
+_OFFER_ROWS = (
+    select(Offer.tenant_id, Offer.include_descendants, Offer.priority)
+    .where(Offer.pool_id == bindparam("pool_id"))
+    .order_by(Offer.tenant_id)
+)
 
 
 async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
@@ -61,7 +69,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             )
         # The owner resizing its own rows adds no tenant, so only a guest offer can clash.
         others = {pool.tenant_id, inp.to_tenant_id}
-        offers = await offers_on(uow.session, pool.id)
+        offers = await offer_rows(uow.statements, pool.id)
         if to_guest and any(o.tenant_id not in others for o in offers):
             raise InvalidState(
                 "a singleTenant pool is already offered to another tenant", field="toTenantId"
@@ -104,6 +112,12 @@ def bump_version(pool: Pool) -> None:
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     """Every offer of a pool, the owner's included."""
     return list((await session.execute(_OFFERS_ON, {"pool_id": pool_id})).scalars())
+
+
+async def offer_rows(executor: Executor, pool_id: str) -> Sequence[Row[str, bool, int]]:
+    """Every offer of a pool as (tenant_id, include_descendants, priority) rows, in tenant
+    order: `offers_on` for a write that changes none of them."""
+    return (await executor.execute(_OFFER_ROWS, {"pool_id": pool_id})).all()
 
 
 async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:

@@ -18,9 +18,10 @@ from app.capacity.inputs import (
     LabelPoolInput,
     UpdatePoolInput,
 )
-from app.capacity.offers import offers_on, withdraw_guest_offers
+from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.pool_reads import pool_detail
+from app.capacity.pool_rows import write_pool
 from app.capacity.projection import refresh_authz_rows, write_authz_row
 from app.capacity.reads import (
     Actor,
@@ -186,9 +187,10 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
-    offers = await offers_on(session, pool.id)
+    offers = await offer_rows(uow.statements, pool.id)
     changed: list[str] = []
     changes: list[Change] = []
+    written: dict[str, Any] = {}
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
         policy = validate_policy(
@@ -206,20 +208,20 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
             # another pool of the site may be changing its images in this instant.
             site.agent_revision = Site.agent_revision + 1
         changes += policy_changes(pool.policy, policy)
-        pool.policy = policy
+        written["policy"] = policy
         changed.append("policy")
     moved_model = inp.gpu_model is not None and inp.gpu_model != pool.gpu_model
     if inp.gpu_model is not None:
         if moved_model:
             changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
-        pool.gpu_model = inp.gpu_model
+        written["gpu_model"] = inp.gpu_model
         changed.append("gpuModel")
-    pool.version += 1
-    pool.updated_at = utcnow()
-    await session.flush()  # the pool's row, in one UPDATE
+    written["version"] = pool.version + 1
+    written["updated_at"] = utcnow()
+    await write_pool(uow.statements, pool, written)  # the pool's row, in one UPDATE
     if moved_model:  # the same model leaves every authz row as it is
-        await refresh_authz_rows(session, pool)
-    await refresh_rollup(session, pool)
+        await refresh_authz_rows(uow.statements, pool)
+    await refresh_rollup(uow.statements, pool)
     _emit_updated(uow, actor, pool, offers, changed, changes)
     return await pool_detail(uow.statements, actor, pool.id)
 

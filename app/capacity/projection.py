@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, update
+from sqlalchemy import Table, bindparam, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.capacity.pool_rows import sync_loaded
 from app.db.models import AuthzRow, Pool
+from app.db.session_statements import SessionStatements
 
 
 async def write_authz_row(
@@ -46,8 +48,19 @@ async def remove_authz_rows(session: AsyncSession, pool_id: str, tenant_ids: Seq
     )
 
 
-async def refresh_authz_rows(session: AsyncSession, pool: Pool) -> None:
+_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
+# Every authz row of a pool, its gpuModel set; built once.
+_REFRESH = (
+    update(_AUTHZ)
+    .where(_AUTHZ.c.pool_id == bindparam("pool_key"))
+    .values(gpu_model=bindparam("model"))
+)
+
+
+async def refresh_authz_rows(statements: SessionStatements, pool: Pool) -> None:
     """After an update: only gpuModel of the narrowing attributes can change."""
-    await session.execute(
-        update(AuthzRow).where(AuthzRow.pool_id == pool.id).values(gpu_model=pool.gpu_model)
+    model = pool.gpu_model
+    await statements.execute(_REFRESH, {"pool_key": pool.id, "model": model})
+    sync_loaded(
+        statements, AuthzRow, lambda row: row.pool_id == pool.id, lambda _: {"gpu_model": model}
     )

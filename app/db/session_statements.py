@@ -225,6 +225,13 @@ class SessionStatements:
             raise _adapted(exc, sql) from exc
         return IteratorResult(SimpleResultMetaData(compiled.keys), iter(compiled.rows(records)))
 
+    async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
+        """`statement` once per row, as one executemany on the plain path."""
+        session = self.session
+        if session.new or session.dirty or session.deleted:
+            await session.flush()
+        await (await self.connection()).execute(statement, rows)
+
     async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
         return (await self.execute(statement, params)).scalar()
 
