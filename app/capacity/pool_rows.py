@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, update
 from sqlalchemy.orm.attributes import set_committed_value
 
+from app.capacity.access import LockedPool
 from app.db.models import Pool
 from app.db.session_statements import SessionStatements
 
@@ -25,11 +26,15 @@ _POOLS: Table = Pool.__table__  # type: ignore[assignment]
 _WRITE_POOL = update(_POOLS).where(_POOLS.c.id == bindparam("pool_key"))
 
 
-async def write_pool(statements: SessionStatements, pool: Pool, values: Mapping[str, Any]) -> None:
-    """Set `values` (by attribute) on the locked pool's row, and on `pool` as committed."""
+async def write_pool(
+    statements: SessionStatements, pool: LockedPool, values: Mapping[str, Any]
+) -> None:
+    """Set `values` (by attribute) on the locked pool's row and on `pool`, and on the
+    session's Pool of that row if one is loaded, as its committed state."""
     await statements.execute(_WRITE_POOL, {"pool_key": pool.id, **values})
     for name, value in values.items():
-        set_committed_value(pool, name, value)
+        setattr(pool, name, value)
+    sync_loaded(statements, Pool, lambda loaded: loaded.id == pool.id, lambda _: values)
 
 
 def sync_loaded(

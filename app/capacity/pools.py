@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from app.capacity.access import (
+    LockedPool,
     check_version,
     lock_owned_pool,
+    lock_owned_pool_row,
     resolve_actor,
 )
 from app.capacity.changes import Change, change, label_changes, policy_changes
@@ -178,7 +180,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
     actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UPDATE_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, UPDATE_POOL.permission)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UPDATE_POOL.permission)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
@@ -268,7 +270,7 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
 def _emit_updated(
     uow: UnitOfWork,
     actor: Actor,
-    pool: Pool,
+    pool: Pool | LockedPool,
     offers: Any,
     changed: Any,
     changes: Any,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from sqlalchemy import Table, bindparam, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.capacity.access import LockedPool
 from app.capacity.pool_rows import sync_loaded
 from app.db.models import AuthzRow, Pool
 from app.db.session_statements import SessionStatements
@@ -57,7 +58,7 @@ _REFRESH = (
 )
 
 
-async def refresh_authz_rows(statements: SessionStatements, pool: Pool) -> None:
+async def refresh_authz_rows(statements: SessionStatements, pool: LockedPool) -> None:
     """After an update: only gpuModel of the narrowing attributes can change."""
     model = pool.gpu_model
     await statements.execute(_REFRESH, {"pool_key": pool.id, "model": model})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Table, bindparam, func, insert, select, update
 
+from app.capacity.access import LockedPool
 from app.capacity.policy import mig_instances_per_gpu, replicas
 from app.capacity.pool_rows import sync_loaded
 from app.db.models import CapacityRow, Node, Pool
@@ -51,7 +52,7 @@ _SET = (
 )
 
 
-async def refresh_rollup(statements: SessionStatements, pool: Pool) -> None:
+async def refresh_rollup(statements: SessionStatements, pool: Pool | LockedPool) -> None:
     """Recompute totals from the nodes; callers hold the pool row lock."""
     params = {"pool_id": pool.id}
     found = (await statements.execute(_LOCKED_ROWS, params)).all()

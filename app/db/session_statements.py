@@ -204,16 +204,16 @@ class SessionStatements:
         self, statement: Executable, params: Mapping[str, Any] | None = None
     ) -> Result[*TupleAny]:
         session = self.session
-        if is_orm(statement):
-            return await session.execute(statement, params)
-        if session.new or session.dirty or session.deleted:
-            await session.flush()  # as the session's autoflush before it runs a statement
         conn = await self.connection()
         raw = self._raw
         compiled = None
         if raw is not None and raw.is_in_transaction():
             assert self._driver is not None
-            compiled = self._driver.get(statement, params or {})
+            compiled = self._driver.get(statement, params or {})  # never an ORM one
+        if compiled is None and is_orm(statement):
+            return await session.execute(statement, params)
+        if session.new or session.dirty or session.deleted:
+            await session.flush()  # as the session's autoflush before it runs a statement
         if compiled is None:
             return await conn.execute(statement, dict(params) if params else None)
         sql, args = compiled.arguments(params or {})
