@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, func, select, update
+from sqlalchemy import Table, and_, bindparam, delete, exists, func, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import check_version, lock_owned_pool, resolve_actor
+from app.capacity.access import (
+    LockedPool,
+    check_version,
+    lock_owned_pool,
+    lock_owned_pool_row,
+    resolve_actor,
+)
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import pool_detail
+from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
 from app.capacity.projection import remove_authz_rows, write_authz_row
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.engine import Executor
 from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
+from app.db.session_statements import SessionStatements
 from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.events.outbox import PendingEvent
@@ -102,11 +111,17 @@ async def _check_offer_bounds(
             )
 
 
-def bump_version(pool: Pool) -> None:
+def next_version(pool: Pool | LockedPool) -> dict[str, Any]:
     """Every write that changes what the pool shows (its offers and quota maxima included)
-    moves it to the next version; bookings change only `used` and leave it (ADR 0004)."""
-    pool.version += 1
-    pool.updated_at = utcnow()
+    moves it to the next version; bookings change only `used` and leave it (ADR 0004).
+    The values to write (pool_rows.write_pool)."""
+    return {"version": pool.version + 1, "updated_at": utcnow()}
+
+
+def bump_version(pool: Pool) -> None:
+    """`next_version`, set on a loaded Pool (flushed by the session)."""
+    for name, value in next_version(pool).items():
+        setattr(pool, name, value)
 
 
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
@@ -120,43 +135,80 @@ async def offer_rows(executor: Executor, pool_id: str) -> Sequence[Row[str, bool
     return (await executor.execute(_OFFER_ROWS, {"pool_id": pool_id})).all()
 
 
-async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
-    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
-    await session.execute(
-        delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
+_OFFERS: Table = Offer.__table__  # type: ignore[assignment]
+_QUOTAS: Table = QuotaRow.__table__  # type: ignore[assignment]
+# Withdrawing offers, by Core statements built once (the unit of work's statements).
+_DELETE_OFFER = delete(_OFFERS).where(
+    _OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id == bindparam("tenant")
+)
+_DELETE_GUEST_OFFERS = (
+    delete(_OFFERS)
+    .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id != bindparam("owner"))
+    .returning(_OFFERS.c.tenant_id)
+)
+_WITHDRAWN_ROWS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(
+    bindparam("tenants", expanding=True)
+)
+# Rows are locked in resource order first (tenant by tenant), as bookings and releases
+# take them; then they drop to what is in use.
+_LOCK_WITHDRAWN = (
+    select(_QUOTAS.c.resource)
+    .where(_WITHDRAWN_ROWS)
+    .order_by(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
+    .with_for_update()
+)
+_DROP_WITHDRAWN = update(_QUOTAS).where(_WITHDRAWN_ROWS).values(max=_QUOTAS.c.used)
+
+
+# An offer with its tenant's quota rows (none, or one row per resource); built once.
+_OFFER_WITH_QUOTAS = (
+    select(_OFFERS.c.include_descendants, _OFFERS.c.priority, _QUOTAS.c.resource, _QUOTAS.c.max)
+    .select_from(
+        _OFFERS.outerjoin(
+            _QUOTAS,
+            and_(
+                _QUOTAS.c.pool_id == _OFFERS.c.pool_id, _QUOTAS.c.tenant_id == _OFFERS.c.tenant_id
+            ),
+        )
     )
-    await _withdrawn(session, pool_id, [tenant_id])
+    .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id == bindparam("tenant"))
+)
 
 
-async def withdraw_guest_offers(session: AsyncSession, pool: Pool) -> list[str]:
+async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id: str) -> None:
+    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
+    await statements.execute(_DELETE_OFFER, {"pool_key": pool_id, "tenant": tenant_id})
+    await _withdrawn(statements, pool_id, [tenant_id])
+
+
+async def withdraw_guest_offers(statements: SessionStatements, pool: LockedPool) -> list[str]:
     """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
     same statements however many there are; returns the guests, in tenant order."""
-    removed = await session.execute(
-        delete(Offer)
-        .where(Offer.pool_id == pool.id, Offer.tenant_id != pool.tenant_id)
-        .returning(Offer.tenant_id)
+    removed = await statements.execute(
+        _DELETE_GUEST_OFFERS, {"pool_key": pool.id, "owner": pool.tenant_id}
     )
     guests = sorted(removed.scalars())
-    await _withdrawn(session, pool.id, guests)  # with none, as many statements
+    await _withdrawn(statements, pool.id, guests)  # with none, as many statements
     return guests
 
 
-async def _withdrawn(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
+async def _withdrawn(
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+) -> None:
     """After their offers are deleted: the tenants' authz rows go, their quota rows drop
-    to what is in use."""
-    await remove_authz_rows(session, pool_id, tenant_ids)
-    # Rows are locked in resource order first (tenant by tenant), as bookings and releases
-    # take them.
-    await session.execute(
-        select(QuotaRow.resource)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
-        .order_by(QuotaRow.tenant_id, QuotaRow.resource)
-        .with_for_update()
-    )
-    await session.execute(
-        update(QuotaRow)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
-        .values(max=QuotaRow.used)
+    to what is in use. The session forgets the rows' objects it had loaded (a fleet
+    apply's offers), and gives its loaded quota rows their new maxima."""
+    gone = set(tenant_ids)
+    forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
+    await remove_authz_rows(statements, pool_id, tenant_ids)
+    params = {"pool_key": pool_id, "tenants": list(tenant_ids)}
+    await statements.execute(_LOCK_WITHDRAWN, params)
+    await statements.execute(_DROP_WITHDRAWN, params)
+    sync_loaded(
+        statements,
+        QuotaRow,
+        lambda q: q.pool_id == pool_id and q.tenant_id in gone,
+        lambda q: {"max": q.used},
     )
 
 
@@ -267,25 +319,24 @@ async def unoffer_pool(
 ) -> bool | ImpactView:
     session = uow.session
     actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UNOFFER_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, UNOFFER_POOL.permission)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UNOFFER_POOL.permission)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)
     if inp.dry_run:
         return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
-    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
-    if offer is None:
-        return False
-    rows = await session.execute(
-        select(QuotaRow.resource, QuotaRow.max).where(
-            QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
+    found = (
+        await uow.statements.execute(
+            _OFFER_WITH_QUOTAS, {"pool_key": pool.id, "tenant": inp.to_tenant_id}
         )
-    )
-    before = offer_entry(
-        offer.include_descendants, offer.priority, {r.resource: r.max for r in rows}
-    )
-    await withdraw_offer(session, pool.id, inp.to_tenant_id)
-    bump_version(pool)
+    ).all()
+    if not found:  # no such offer
+        return False
+    offer = found[0]
+    quota = {r.resource: r.max for r in found if r.resource is not None}
+    before = offer_entry(offer.include_descendants, offer.priority, quota)
+    await withdraw_offer(uow.statements, pool.id, inp.to_tenant_id)
+    await write_pool(uow.statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.unoffered",

@@ -50,3 +50,13 @@ def sync_loaded(
             written = values(obj)
             for name, value in (written or {}).items():
                 set_committed_value(obj, name, value)
+
+
+def forget_loaded(
+    statements: SessionStatements, kind: type[Any], match: Callable[[Any], bool]
+) -> None:
+    """Take the session's loaded `kind` objects that `match` out of it: their rows are
+    being deleted by a Core statement, so a later `session.get` must read afresh."""
+    for obj in list(statements.session.identity_map.values()):
+        if isinstance(obj, kind) and match(obj):
+            statements.session.expunge(obj)

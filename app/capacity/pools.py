@@ -295,19 +295,18 @@ async def archive_pool(
 ) -> PoolDetail | ImpactView:
     session = uow.session
     actor = await resolve_actor(uow.statements, principal, inp.tenant_id, ARCHIVE_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, ARCHIVE_POOL.permission)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, ARCHIVE_POOL.permission)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
     if pool.archived:
         return await pool_detail(uow.statements, actor, pool.id)
-    removed = await withdraw_guest_offers(session, pool)
+    removed = await withdraw_guest_offers(uow.statements, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
-    await lock_capacity_rows(session, pool.id)
-    pool.archived = True
-    pool.version += 1
-    pool.updated_at = utcnow()
+    await lock_capacity_rows(uow.statements, pool.id)
+    archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
+    await write_pool(uow.statements, pool, archived)
     uow.emit(
         PendingEvent(
             type="pool.archived",
@@ -317,5 +316,4 @@ async def archive_pool(
             audience=frozenset(removed) | {pool.tenant_id},
         )
     )
-    await session.flush()
     return await pool_detail(uow.statements, actor, pool.id)

@@ -10,9 +10,11 @@ from sqlalchemy import Table, bindparam, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import LockedPool
-from app.capacity.pool_rows import sync_loaded
+from app.capacity.pool_rows import forget_loaded, sync_loaded
 from app.db.models import AuthzRow, Pool
 from app.db.session_statements import SessionStatements
+
+_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
 
 
 async def write_authz_row(
@@ -43,13 +45,22 @@ async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) 
     )
 
 
-async def remove_authz_rows(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
-    await session.execute(
-        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id.in_(tenant_ids))
-    )
+# Some tenants' authz rows of a pool; built once.
+_REMOVE = delete(_AUTHZ).where(
+    _AUTHZ.c.pool_id == bindparam("pool_key"),
+    _AUTHZ.c.tenant_id.in_(bindparam("tenants", expanding=True)),
+)
 
 
-_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
+async def remove_authz_rows(
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+) -> None:
+    """The tenants' rows go (their offers went); the session forgets those it had loaded."""
+    gone = set(tenant_ids)
+    forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
+    await statements.execute(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+
+
 # Every authz row of a pool, its gpuModel set; built once.
 _REFRESH = (
     update(_AUTHZ)
