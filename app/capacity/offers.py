@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, delete, exists, func, select, update
+from sqlalchemy import Table, and_, bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import (
     LockedPool,
     check_version,
-    lock_owned_pool,
     lock_owned_pool_row,
     resolve_actor,
 )
@@ -22,7 +21,7 @@ from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
-from app.capacity.projection import remove_authz_rows, write_authz_row
+from app.capacity.projection import put_authz_row, remove_authz_rows
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
@@ -50,7 +49,7 @@ _OFFER_ROWS = (
 )
 
 
-async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
+async def _check_offer_state(uow: UnitOfWork, pool: LockedPool, inp: OfferPoolInput) -> None:
     """The seed's INVALID_STATE rules for offer."""
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
@@ -63,7 +62,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             field="toTenantId",
         )
     if shared:
-        tenant_nodes = await uow.session.scalar(_TENANT_NODES, {"pool_id": pool.id})
+        tenant_nodes = await uow.statements.scalar(_TENANT_NODES, {"pool_id": pool.id})
         if tenant_nodes:
             raise InvalidState(
                 "a pool holding tenant-owned nodes can only be offered to its owner, "
@@ -86,7 +85,12 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
 
 
 async def _check_offer_bounds(
-    session: AsyncSession, pool_id: str, inp: OfferPoolInput, *, new_offer: bool, rows: set[str]
+    statements: SessionStatements,
+    pool_id: str,
+    inp: OfferPoolInput,
+    *,
+    new_offer: bool,
+    rows: set[str],
 ) -> None:
     """Sizes that grow with each offer (app/capacity/bounds.py). Rows not named keep their
     value, so successive offers could otherwise pile up rows a single map cannot hold."""
@@ -100,7 +104,7 @@ async def _check_offer_bounds(
             max=MAX_RESOURCES,
         )
     if new_offer:
-        count = await session.scalar(_OFFER_COUNT, {"pool_id": pool_id})
+        count = await statements.scalar(_OFFER_COUNT, {"pool_id": pool_id})
         if (count or 0) >= MAX_OFFERS_PER_POOL:
             raise ResourceExhausted(
                 f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
@@ -175,6 +179,31 @@ _OFFER_WITH_QUOTAS = (
 )
 
 
+# An offer's own rows as offer writes them; built once, the pool and tenant bound per call.
+_AT_OFFER = (_OFFERS.c.pool_id == bindparam("pool_key")) & (
+    _OFFERS.c.tenant_id == bindparam("tenant")
+)
+_AT_QUOTAS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & (
+    _QUOTAS.c.tenant_id == bindparam("tenant")
+)
+_OFFER = select(_OFFERS.c.include_descendants, _OFFERS.c.priority).where(_AT_OFFER)
+_LOCK_QUOTAS = (
+    select(_QUOTAS.c.resource, _QUOTAS.c.max, _QUOTAS.c.used)
+    .where(_AT_QUOTAS)
+    .order_by(_QUOTAS.c.resource)
+    .with_for_update()
+)
+_TENANT_EXISTS = select(exists().where(Tenant.id == bindparam("tenant")))
+_ADD_OFFER = insert(_OFFERS)
+_SET_OFFER = update(_OFFERS).where(_AT_OFFER)
+_ADD_QUOTA = insert(_QUOTAS)
+_SET_QUOTA = (
+    update(_QUOTAS)
+    .where(_AT_QUOTAS, _QUOTAS.c.resource == bindparam("key"))
+    .values(max=bindparam("set_max"))
+)
+
+
 async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id: str) -> None:
     """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
     await statements.execute(_DELETE_OFFER, {"pool_key": pool_id, "tenant": tenant_id})
@@ -213,28 +242,19 @@ async def _withdrawn(
 
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
-    session = uow.session
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, OFFER_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, OFFER_POOL.permission)
+    statements = uow.statements
+    actor = await resolve_actor(statements, principal, inp.tenant_id, OFFER_POOL)
+    pool = await lock_owned_pool_row(statements, actor, inp.pool_id, OFFER_POOL.permission)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     await _check_offer_state(uow, pool, inp)
-    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
-    rows = {
-        row.resource: row
-        for row in (
-            await session.execute(
-                # Locked: a concurrent release must not change `used` under the resize.
-                select(QuotaRow)
-                .where(QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id)
-                .order_by(QuotaRow.resource)
-                .with_for_update()
-            )
-        ).scalars()
-    }
-    await _check_offer_bounds(session, pool.id, inp, new_offer=offer is None, rows=set(rows))
-    target_exists = await session.get(Tenant, inp.to_tenant_id) is not None
+    at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
+    offer = (await statements.execute(_OFFER, at)).one_or_none()
+    # Locked: a concurrent release must not change `used` under the resize.
+    rows = {row.resource: row for row in (await statements.execute(_LOCK_QUOTAS, at)).all()}
+    await _check_offer_bounds(statements, pool.id, inp, new_offer=offer is None, rows=set(rows))
+    target_exists = await statements.scalar(_TENANT_EXISTS, {"tenant": inp.to_tenant_id})
     if not target_exists and principal.is_fleet_admin:
         # A fleet admin may act for any tenant, so it learns which exist from tenantId
         # anyway: it is told, which catches a typo in a fleet file.
@@ -251,42 +271,62 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         )
     )
     after_quota = {r: q.max for r, q in rows.items()}
+    flags = {"include_descendants": inp.include_descendants, "priority": inp.priority}
     if offer is None:
-        session.add(
-            Offer(
-                pool_id=pool.id,
-                tenant_id=inp.to_tenant_id,
-                include_descendants=inp.include_descendants,
-                priority=inp.priority,
-            )
+        await statements.execute(
+            _ADD_OFFER,
+            {"pool_id": pool.id, "tenant_id": inp.to_tenant_id, **flags, "created_at": utcnow()},
         )
     else:
-        offer.include_descendants = inp.include_descendants
-        offer.priority = inp.priority
+        await statements.execute(_SET_OFFER, {**at, **flags})
+    added: list[dict[str, Any]] = []
+    resized: list[dict[str, Any]] = []
     for resource, maximum in inp.quota.items():
         row = rows.get(resource)
         if row is None:
-            session.add(
-                QuotaRow(
-                    pool_id=pool.id,
-                    tenant_id=inp.to_tenant_id,
-                    resource=resource,
-                    max=maximum,
-                    used=0,
-                )
+            added.append(
+                {
+                    "pool_id": pool.id,
+                    "tenant_id": inp.to_tenant_id,
+                    "resource": resource,
+                    "max": maximum,
+                    "used": 0,
+                }
             )
+            after_quota[resource] = maximum
         else:
-            row.max = max(maximum, row.used)  # never below what live reservations hold
-        after_quota[resource] = maximum if row is None else row.max
+            after_quota[resource] = max(maximum, row.used)  # never below what is in use
+            if after_quota[resource] != row.max:
+                resized.append({**at, "key": resource, "set_max": after_quota[resource]})
+    if added:
+        await statements.execute_many(_ADD_QUOTA, added)
+    if resized:
+        await statements.execute_many(_SET_QUOTA, resized)
+        new_max = {r["key"]: r["set_max"] for r in resized}
+        sync_loaded(
+            statements,
+            QuotaRow,
+            lambda q: (
+                (q.pool_id, q.tenant_id) == (pool.id, inp.to_tenant_id) and q.resource in new_max
+            ),
+            lambda q: {"max": new_max[q.resource]},
+        )
+    if offer is not None:
+        sync_loaded(
+            statements,
+            Offer,
+            lambda o: (o.pool_id, o.tenant_id) == (pool.id, inp.to_tenant_id),
+            lambda _: flags,
+        )
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
-    await write_authz_row(
-        session,
+    await put_authz_row(
+        statements,
         pool,
         inp.to_tenant_id,
         include_descendants=inp.include_descendants,
         new_offer=offer is None,
     )
-    bump_version(pool)
+    await write_pool(statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -303,15 +343,12 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
     )
-    await session.flush()
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
     lineage = (
-        await load_lineage(uow.statements, inp.to_tenant_id)
-        if target_exists
-        else (inp.to_tenant_id,)
+        await load_lineage(statements, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
     )
     seen_by = Actor(principal, inp.to_tenant_id, lineage)
-    return await pool_detail(uow.statements, seen_by, pool.id)
+    return await pool_detail(statements, seen_by, pool.id)
 
 
 async def unoffer_pool(

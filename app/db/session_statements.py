@@ -117,6 +117,8 @@ def compile_for_driver(
         dialect=dialect, column_keys=list(column_keys or ())
     )
     assert isinstance(compiled, SQLCompiler)
+    if compiled.insert_prefetch or compiled.update_prefetch:
+        return None  # a column default computed in Python at execution: SQLAlchemy's to run
     binds = {
         name: bind.type.dialect_impl(dialect).bind_processor(dialect)
         for name, bind in compiled.binds.items()
