@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Table, bindparam, insert, select
+
 from app.capacity.access import (
     LockedPool,
     check_version,
@@ -24,7 +26,7 @@ from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.pool_reads import pool_detail
 from app.capacity.pool_rows import write_pool
-from app.capacity.projection import refresh_authz_rows, write_authz_row
+from app.capacity.projection import put_authz_row, refresh_authz_rows
 from app.capacity.reads import (
     Actor,
     load_lineage,
@@ -86,7 +88,7 @@ def _fingerprint(inp: CreatePoolInput, agent: str) -> dict[str, Any]:
 
 
 async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
-    session = uow.session
+    statements = uow.statements
     agent = _effective_agent(inp)
     call = IdempotentCreate(
         method="pools.create",
@@ -99,18 +101,18 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         "or provider account",
     )
     pool_id = call.resource_id
-    if await call.is_retry(session):
+    if await call.is_retry(statements):
         # The first call's decision stands: no second IAM decision, no second event.
-        actor = Actor(principal, inp.tenant_id, await load_lineage(uow.statements, inp.tenant_id))
-        return await pool_detail(uow.statements, actor, pool_id)
+        actor = Actor(principal, inp.tenant_id, await load_lineage(statements, inp.tenant_id))
+        return await pool_detail(statements, actor, pool_id)
 
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, CREATE_POOL)
-    site = await session.get(Site, inp.site_id)
+    actor = await resolve_actor(statements, principal, inp.tenant_id, CREATE_POOL)
+    site = (await statements.execute(_SITE, {"site": inp.site_id})).first()
     if site is None or site.tenant_id != actor.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
     if inp.provider_account_id is not None:
-        account = await session.get(ProviderAccount, inp.provider_account_id)
-        if account is None or account.tenant_id != actor.tenant_id:
+        account = await statements.scalar(_ACCOUNT_TENANT, {"account": inp.provider_account_id})
+        if account != actor.tenant_id:
             raise NotFound(
                 f"provider account {inp.provider_account_id} not found", field="providerAccountId"
             )
@@ -122,9 +124,9 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     # A narrowed binding may only create pools it could then manage.
     decide_pool(principal, CREATE_POOL.permission, attributes)
 
-    await call.remember(session)
+    await call.remember(statements)
     now = utcnow()
-    pool = Pool(
+    pool = LockedPool(
         id=pool_id,
         tenant_id=actor.tenant_id,
         site_id=site.id,
@@ -142,16 +144,19 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         created_at=now,
         updated_at=now,
     )
-    session.add(pool)
-    await session.flush()
-    note_pool_created(session, pool_id)  # its events' order: app/events/outbox.py
-    session.add(Offer(pool_id=pool_id, tenant_id=actor.tenant_id, created_at=now))
-    quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
-    session.add_all(
-        QuotaRow(pool_id=pool_id, tenant_id=actor.tenant_id, resource=r, max=m, used=0)
-        for r, m in quota.items()
+    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in LockedPool.__slots__})
+    note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
+    owner = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
+    await statements.execute(
+        _ADD_OFFER, {**owner, "include_descendants": False, "priority": 0, "created_at": now}
     )
-    await write_authz_row(session, pool, actor.tenant_id, include_descendants=False, new_offer=True)
+    quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
+    await statements.execute_many(
+        _ADD_QUOTA, [{**owner, "resource": r, "max": m, "used": 0} for r, m in quota.items()]
+    )
+    await put_authz_row(
+        statements, pool, actor.tenant_id, include_descendants=False, new_offer=True
+    )
     uow.emit(
         PendingEvent(
             type="pool.created",
@@ -169,7 +174,19 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
             audience=frozenset({actor.tenant_id}),
         )
     )
-    return await pool_detail(uow.statements, actor, pool_id)
+    return await pool_detail(statements, actor, pool_id)
+
+
+_SITES: Table = Site.__table__  # type: ignore[assignment]
+_ACCOUNTS: Table = ProviderAccount.__table__  # type: ignore[assignment]
+# What create reads and writes, built once.
+_SITE = select(_SITES.c.id, _SITES.c.tenant_id, _SITES.c.kind, _SITES.c.region).where(
+    _SITES.c.id == bindparam("site")
+)
+_ACCOUNT_TENANT = select(_ACCOUNTS.c.tenant_id).where(_ACCOUNTS.c.id == bindparam("account"))
+_ADD_POOL = insert(Pool.__table__)  # type: ignore[arg-type]
+_ADD_OFFER = insert(Offer.__table__)  # type: ignore[arg-type]
+_ADD_QUOTA = insert(QuotaRow.__table__)  # type: ignore[arg-type]
 
 
 # -- update --------------------------------------------------------------------------------
