@@ -7,8 +7,11 @@ visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> stat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import Table, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.reads import (
@@ -20,6 +23,7 @@ from app.capacity.views import PoolView
 from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
+from app.db.session_statements import SessionStatements
 from app.errors import Conflict, PermissionDenied
 from app.events.outbox import note_pool_lock
 from app.iam.decisions import (
@@ -82,19 +86,91 @@ async def lock_owned_pool(
     found = (
         await session.execute(_LOCK_OWNED_POOL, {"pool_id": pool_id, "tenant_id": actor.tenant_id})
     ).one_or_none()
-    if found is None or found.Pool.tenant_id != actor.tenant_id:
-        raise pool_not_found(pool_id)
+    owner_row: AuthzRow | None = None if found is None else found.AuthzRow
+    _owned(
+        session,
+        actor,
+        pool_id,
+        None if found is None else found.Pool.tenant_id,
+        None if owner_row is None else attributes_of(owner_row),
+        permission,
+    )
+    assert found is not None
     pool: Pool = found.Pool
-    note_pool_lock(session, pool_id)  # the pool's events may be written (events/outbox.py)
-    owner_row: AuthzRow | None = found.AuthzRow
-    if owner_row is None:  # the projection always holds the owner's row
-        raise pool_not_found(pool_id)
-    decide_pool(actor.principal, permission, attributes_of(owner_row))
     return pool
 
 
+async def lock_owned_pool_row(
+    statements: SessionStatements, actor: Actor, pool_id: str, permission: str
+) -> LockedPool:
+    """`lock_owned_pool`, the pool read as a row (`LockedPool`), not loaded as an entity:
+    for a write that changes it by Core statements (app/capacity/pool_rows.py)."""
+    params = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
+    found = (await statements.execute(_LOCK_OWNED_ROW, params)).one_or_none()
+    owned = None
+    if found is not None and found.owner_owned is not None:
+        owned = PoolAttributes(
+            found.owner_gpu_model,
+            found.owner_pool_class,
+            found.owner_sharing,
+            found.owner_region,
+            found.owner_owned,
+        )
+    _owned(
+        statements.session,
+        actor,
+        pool_id,
+        None if found is None else found.tenant_id,
+        owned,
+        permission,
+    )
+    assert found is not None
+    return LockedPool(**{name: getattr(found, name) for name in LockedPool.__slots__})
+
+
+def _owned(
+    session: AsyncSession,
+    actor: Actor,
+    pool_id: str,
+    owner: str | None,
+    owner_row: PoolAttributes | None,
+    permission: str,
+) -> None:
+    """The rule of both lock reads, over what they found: the pool (its owner tenant, None
+    when there is no such pool) and the actor's own authz row's attributes."""
+    if owner is None or owner != actor.tenant_id:
+        raise pool_not_found(pool_id)
+    note_pool_lock(session, pool_id)  # the pool's events may be written (events/outbox.py)
+    if owner_row is None:  # the projection always holds the owner's row
+        raise pool_not_found(pool_id)
+    decide_pool(actor.principal, permission, owner_row)
+
+
+@dataclass(slots=True)
+class LockedPool:
+    """A locked pool's row as a write reads and changes it (pool_rows.write_pool)."""
+
+    id: str
+    tenant_id: str
+    site_id: str
+    pool_class: str
+    gpu_model: str | None
+    sharing: str
+    agent: str
+    policy: dict[str, Any]
+    provider_account_id: str | None
+    region: str
+    display_name: str | None
+    labels: dict[str, Any]
+    archived: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
 # The pool's row locked, with the actor's own authz row beside it (outer-joined: only the
-# pool's row is locked, as a key-share-compatible FOR NO KEY UPDATE), built once.
+# pool's row is locked, as a key-share-compatible FOR NO KEY UPDATE), built once; as
+# entities, and as the pool's columns with the row's attributes beside them.
 _LOCK_OWNED_POOL = (
     select(Pool, AuthzRow)
     .outerjoin(
@@ -104,9 +180,28 @@ _LOCK_OWNED_POOL = (
     .where(Pool.id == bindparam("pool_id"))
     .with_for_update(key_share=True, of=Pool)
 )
+_POOLS: Table = Pool.__table__  # type: ignore[assignment]
+_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
+_LOCK_OWNED_ROW = (
+    select(
+        *(_POOLS.c[name] for name in LockedPool.__slots__),
+        *(
+            _AUTHZ.c[name].label(f"owner_{name}")
+            for name in ("gpu_model", "pool_class", "sharing", "region", "owned")
+        ),
+    )
+    .select_from(
+        _POOLS.outerjoin(
+            _AUTHZ,
+            and_(_AUTHZ.c.pool_id == _POOLS.c.id, _AUTHZ.c.tenant_id == bindparam("tenant_id")),
+        )
+    )
+    .where(_POOLS.c.id == bindparam("pool_id"))
+    .with_for_update(key_share=True, of=_POOLS)
+)
 
 
-def check_version(pool: Pool, expected: int | None) -> None:
+def check_version(pool: Pool | LockedPool, expected: int | None) -> None:
     """Optimistic concurrency (CONTRACT section 10): a write that names the version it read
     is refused, changing nothing, once the pool has moved on. Runs under the pool's lock, so
     of two writers that read the same version exactly one gets past it."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import IdempotencyRecord
+from app.db.models import IdempotencyRecord, utcnow
+from app.db.session_statements import SessionStatements
 from app.errors import Conflict
 from app.ids import derived_id, new_id
 
@@ -31,29 +33,39 @@ class IdempotentCreate:
             else derived_id(self.prefix, self.tenant_id, self.caller_id, self.key)
         )
 
-    async def is_retry(self, session: AsyncSession) -> bool:
+    async def is_retry(self, statements: SessionStatements | AsyncSession) -> bool:
         """True when the first call already made `resource_id`; CONFLICT if it differed."""
         if self.key is None:
             return False
-        stored = await session.get(IdempotencyRecord, self.resource_id)
+        stored = (await _statements(statements).execute(_STORED, {"rid": self.resource_id})).first()
         if stored is None:
             return False
         if stored.fingerprint != self.fingerprint:
             raise Conflict(self.conflict, field="idempotencyKey")
         return True
 
-    async def remember(self, session: AsyncSession) -> None:
-        """Record the call first: a concurrent twin fails on this key and retries as a read."""
+    async def remember(self, statements: SessionStatements | AsyncSession) -> None:
+        """Record the call first: a concurrent twin fails on this key (an IntegrityError)
+        and retries as a read."""
         if self.key is None:
             return
-        session.add(
-            IdempotencyRecord(
-                resource_id=self.resource_id,
-                method=self.method,
-                tenant_id=self.tenant_id,
-                caller_id=self.caller_id,
-                key=self.key,
-                fingerprint=self.fingerprint,
-            )
-        )
-        await session.flush()
+        record = {
+            "resource_id": self.resource_id,
+            "method": self.method,
+            "tenant_id": self.tenant_id,
+            "caller_id": self.caller_id,
+            "key": self.key,
+            "fingerprint": self.fingerprint,
+            "created_at": utcnow(),
+        }
+        await _statements(statements).execute(_REMEMBER, record)
+
+
+_RECORDS: Table = IdempotencyRecord.__table__  # type: ignore[assignment]
+# Built once (the unit of work's statements run them).
+_STORED = select(_RECORDS.c.fingerprint).where(_RECORDS.c.resource_id == bindparam("rid"))
+_REMEMBER = insert(_RECORDS)
+
+
+def _statements(given: SessionStatements | AsyncSession) -> SessionStatements:
+    return SessionStatements(given, None) if isinstance(given, AsyncSession) else given

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import reads_offers
+from app.capacity.access import LockedPool, reads_offers
 from app.capacity.bounds import MAX_IMPACT_ITEMS
 from app.capacity.reads import reservation_view
 from app.capacity.views import ImpactView
@@ -36,7 +36,7 @@ async def _seeing(session: AsyncSession, offers: Mapping[str, bool]) -> set[str]
 async def _impact(
     session: AsyncSession,
     principal: Principal,
-    pool: Pool,
+    pool: Pool | LockedPool,
     ended: list[str],
     remaining: Mapping[str, bool],
     *,
@@ -84,7 +84,7 @@ async def _impact(
 
 
 async def unoffer_impact(
-    session: AsyncSession, principal: Principal, pool: Pool, tenant_id: str
+    session: AsyncSession, principal: Principal, pool: Pool | LockedPool, tenant_id: str
 ) -> ImpactView:
     offers = (await session.execute(select(Offer).where(Offer.pool_id == pool.id))).scalars()
     remaining = {o.tenant_id: o.include_descendants for o in offers if o.tenant_id != tenant_id}
@@ -92,7 +92,9 @@ async def unoffer_impact(
     return await _impact(session, principal, pool, ended, remaining, every_reservation=False)
 
 
-async def archive_impact(session: AsyncSession, principal: Principal, pool: Pool) -> ImpactView:
+async def archive_impact(
+    session: AsyncSession, principal: Principal, pool: Pool | LockedPool
+) -> ImpactView:
     if pool.archived:  # archiving again changes nothing
         return ImpactView((), {}, (), ())
     offers = (await session.execute(select(Offer).where(Offer.pool_id == pool.id))).scalars()

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 
 from app.capacity.access import resolve_actor, sees_offers
 from app.capacity.inputs import LendingInput
@@ -23,21 +23,29 @@ from app.iam.principal import Principal
 GuestTotals = dict[str, dict[str, tuple[int, int]]]
 
 
+# The guests' quota rows of some pools: every tenant holding an offer but the owner.
+# Built once, the pools bound per call.
+_GUEST_ROWS = (
+    select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
+    .join(
+        Offer,
+        and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
+    )
+    .join(Pool, Pool.id == QuotaRow.pool_id)
+    .where(
+        QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)),
+        QuotaRow.tenant_id != Pool.tenant_id,
+    )
+)
+
+
 async def guest_totals(executor: Executor, pool_ids: Sequence[str]) -> GuestTotals:
     """Per pool and resource, the guests' quota maxima and use: the rows of every tenant
     holding an offer other than the owner. Summed here, not in SQL: exact past 64 bits on
     both dialects (a maximum may be 2^63 - 1; SQLite's sum() would overflow)."""
     if not pool_ids:
         return {}
-    rows = await executor.execute(
-        select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
-        .join(
-            Offer,
-            and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
-        )
-        .join(Pool, Pool.id == QuotaRow.pool_id)
-        .where(QuotaRow.pool_id.in_(pool_ids), QuotaRow.tenant_id != Pool.tenant_id)
-    )
+    rows = await executor.execute(_GUEST_ROWS, {"pool_ids": list(pool_ids)})
     sums: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for r in rows:
         total = sums[r.pool_id][r.resource]

@@ -44,5 +44,5 @@ async def join_node(
     node_id = new_id("node")
     uow.session.add(Node(id=node_id, pool_id=pool_id, gpus=gpus, owner_tenant_id=owner_tenant_id))
     await uow.session.flush()
-    await refresh_rollup(uow.session, pool)
+    await refresh_rollup(uow.statements, pool)
     return node_id

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, func, select, update
+from sqlalchemy import Table, and_, bindparam, delete, exists, func, insert, select, update
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.capacity.access import check_version, lock_owned_pool, resolve_actor
+from app.capacity.access import (
+    LockedPool,
+    check_version,
+    lock_owned_pool_row,
+    resolve_actor,
+)
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import pool_detail
-from app.capacity.projection import remove_authz_rows, write_authz_row
+from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
+from app.capacity.projection import put_authz_row, remove_authz_rows
 from app.capacity.reads import Actor, load_lineage
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
+from app.db.engine import Executor
 from app.db.models import Node, Offer, Pool, QuotaRow, Tenant, utcnow
+from app.db.session_statements import SessionStatements
 from app.db.uow import UnitOfWork
 from app.errors import InvalidInput, InvalidState, NotFound, ResourceExhausted
 from app.events.outbox import PendingEvent
@@ -31,9 +41,15 @@ _TENANT_NODES = select(
 )
 _OFFER_COUNT = select(func.count()).select_from(Offer).where(Offer.pool_id == bindparam("pool_id"))
 _OFFERS_ON = select(Offer).where(Offer.pool_id == bindparam("pool_id")).order_by(Offer.tenant_id)
+# The same offers as rows, not entities: what a write reads of them (built once).
+_OFFER_ROWS = (
+    select(Offer.tenant_id, Offer.include_descendants, Offer.priority)
+    .where(Offer.pool_id == bindparam("pool_id"))
+    .order_by(Offer.tenant_id)
+)
 
 
-async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -> None:
+async def _check_offer_state(uow: UnitOfWork, pool: LockedPool, inp: OfferPoolInput) -> None:
     """The seed's INVALID_STATE rules for offer."""
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
@@ -46,7 +62,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             field="toTenantId",
         )
     if shared:
-        tenant_nodes = await uow.session.scalar(_TENANT_NODES, {"pool_id": pool.id})
+        tenant_nodes = await uow.statements.scalar(_TENANT_NODES, {"pool_id": pool.id})
         if tenant_nodes:
             raise InvalidState(
                 "a pool holding tenant-owned nodes can only be offered to its owner, "
@@ -61,7 +77,7 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
             )
         # The owner resizing its own rows adds no tenant, so only a guest offer can clash.
         others = {pool.tenant_id, inp.to_tenant_id}
-        offers = await offers_on(uow.session, pool.id)
+        offers = await offer_rows(uow.statements, pool.id)
         if to_guest and any(o.tenant_id not in others for o in offers):
             raise InvalidState(
                 "a singleTenant pool is already offered to another tenant", field="toTenantId"
@@ -69,7 +85,12 @@ async def _check_offer_state(uow: UnitOfWork, pool: Pool, inp: OfferPoolInput) -
 
 
 async def _check_offer_bounds(
-    session: AsyncSession, pool_id: str, inp: OfferPoolInput, *, new_offer: bool, rows: set[str]
+    statements: SessionStatements,
+    pool_id: str,
+    inp: OfferPoolInput,
+    *,
+    new_offer: bool,
+    rows: set[str],
 ) -> None:
     """Sizes that grow with each offer (app/capacity/bounds.py). Rows not named keep their
     value, so successive offers could otherwise pile up rows a single map cannot hold."""
@@ -83,7 +104,7 @@ async def _check_offer_bounds(
             max=MAX_RESOURCES,
         )
     if new_offer:
-        count = await session.scalar(_OFFER_COUNT, {"pool_id": pool_id})
+        count = await statements.scalar(_OFFER_COUNT, {"pool_id": pool_id})
         if (count or 0) >= MAX_OFFERS_PER_POOL:
             raise ResourceExhausted(
                 f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
@@ -94,11 +115,17 @@ async def _check_offer_bounds(
             )
 
 
-def bump_version(pool: Pool) -> None:
+def next_version(pool: Pool | LockedPool) -> dict[str, Any]:
     """Every write that changes what the pool shows (its offers and quota maxima included)
-    moves it to the next version; bookings change only `used` and leave it (ADR 0004)."""
-    pool.version += 1
-    pool.updated_at = utcnow()
+    moves it to the next version; bookings change only `used` and leave it (ADR 0004).
+    The values to write (pool_rows.write_pool)."""
+    return {"version": pool.version + 1, "updated_at": utcnow()}
+
+
+def bump_version(pool: Pool) -> None:
+    """`next_version`, set on a loaded Pool (flushed by the session)."""
+    for name, value in next_version(pool).items():
+        setattr(pool, name, value)
 
 
 async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
@@ -106,69 +133,128 @@ async def offers_on(session: AsyncSession, pool_id: str) -> list[Offer]:
     return list((await session.execute(_OFFERS_ON, {"pool_id": pool_id})).scalars())
 
 
-async def withdraw_offer(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
-    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
-    await session.execute(
-        delete(Offer).where(Offer.pool_id == pool_id, Offer.tenant_id == tenant_id)
+async def offer_rows(executor: Executor, pool_id: str) -> Sequence[Row[str, bool, int]]:
+    """Every offer of a pool as (tenant_id, include_descendants, priority) rows, in tenant
+    order: `offers_on` for a write that changes none of them."""
+    return (await executor.execute(_OFFER_ROWS, {"pool_id": pool_id})).all()
+
+
+_OFFERS: Table = Offer.__table__  # type: ignore[assignment]
+_QUOTAS: Table = QuotaRow.__table__  # type: ignore[assignment]
+# Withdrawing offers, by Core statements built once (the unit of work's statements).
+_DELETE_OFFER = delete(_OFFERS).where(
+    _OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id == bindparam("tenant")
+)
+_DELETE_GUEST_OFFERS = (
+    delete(_OFFERS)
+    .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id != bindparam("owner"))
+    .returning(_OFFERS.c.tenant_id)
+)
+_WITHDRAWN_ROWS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(
+    bindparam("tenants", expanding=True)
+)
+# Rows are locked in resource order first (tenant by tenant), as bookings and releases
+# take them; then they drop to what is in use.
+_LOCK_WITHDRAWN = (
+    select(_QUOTAS.c.resource)
+    .where(_WITHDRAWN_ROWS)
+    .order_by(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
+    .with_for_update()
+)
+_DROP_WITHDRAWN = update(_QUOTAS).where(_WITHDRAWN_ROWS).values(max=_QUOTAS.c.used)
+
+
+# An offer with its tenant's quota rows (none, or one row per resource); built once.
+_OFFER_WITH_QUOTAS = (
+    select(_OFFERS.c.include_descendants, _OFFERS.c.priority, _QUOTAS.c.resource, _QUOTAS.c.max)
+    .select_from(
+        _OFFERS.outerjoin(
+            _QUOTAS,
+            and_(
+                _QUOTAS.c.pool_id == _OFFERS.c.pool_id, _QUOTAS.c.tenant_id == _OFFERS.c.tenant_id
+            ),
+        )
     )
-    await _withdrawn(session, pool_id, [tenant_id])
+    .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id == bindparam("tenant"))
+)
 
 
-async def withdraw_guest_offers(session: AsyncSession, pool: Pool) -> list[str]:
+# An offer's own rows as offer writes them; built once, the pool and tenant bound per call.
+_AT_OFFER = (_OFFERS.c.pool_id == bindparam("pool_key")) & (
+    _OFFERS.c.tenant_id == bindparam("tenant")
+)
+_AT_QUOTAS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & (
+    _QUOTAS.c.tenant_id == bindparam("tenant")
+)
+_OFFER = select(_OFFERS.c.include_descendants, _OFFERS.c.priority).where(_AT_OFFER)
+_LOCK_QUOTAS = (
+    select(_QUOTAS.c.resource, _QUOTAS.c.max, _QUOTAS.c.used)
+    .where(_AT_QUOTAS)
+    .order_by(_QUOTAS.c.resource)
+    .with_for_update()
+)
+_TENANT_EXISTS = select(exists().where(Tenant.id == bindparam("tenant")))
+_ADD_OFFER = insert(_OFFERS)
+_SET_OFFER = update(_OFFERS).where(_AT_OFFER)
+_ADD_QUOTA = insert(_QUOTAS)
+_SET_QUOTA = (
+    update(_QUOTAS)
+    .where(_AT_QUOTAS, _QUOTAS.c.resource == bindparam("key"))
+    .values(max=bindparam("set_max"))
+)
+
+
+async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id: str) -> None:
+    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
+    await statements.execute(_DELETE_OFFER, {"pool_key": pool_id, "tenant": tenant_id})
+    await _withdrawn(statements, pool_id, [tenant_id])
+
+
+async def withdraw_guest_offers(statements: SessionStatements, pool: LockedPool) -> list[str]:
     """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
     same statements however many there are; returns the guests, in tenant order."""
-    removed = await session.execute(
-        delete(Offer)
-        .where(Offer.pool_id == pool.id, Offer.tenant_id != pool.tenant_id)
-        .returning(Offer.tenant_id)
+    removed = await statements.execute(
+        _DELETE_GUEST_OFFERS, {"pool_key": pool.id, "owner": pool.tenant_id}
     )
     guests = sorted(removed.scalars())
-    await _withdrawn(session, pool.id, guests)  # with none, as many statements
+    await _withdrawn(statements, pool.id, guests)  # with none, as many statements
     return guests
 
 
-async def _withdrawn(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
+async def _withdrawn(
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+) -> None:
     """After their offers are deleted: the tenants' authz rows go, their quota rows drop
-    to what is in use."""
-    await remove_authz_rows(session, pool_id, tenant_ids)
-    # Rows are locked in resource order first (tenant by tenant), as bookings and releases
-    # take them.
-    await session.execute(
-        select(QuotaRow.resource)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
-        .order_by(QuotaRow.tenant_id, QuotaRow.resource)
-        .with_for_update()
-    )
-    await session.execute(
-        update(QuotaRow)
-        .where(QuotaRow.pool_id == pool_id, QuotaRow.tenant_id.in_(tenant_ids))
-        .values(max=QuotaRow.used)
+    to what is in use. The session forgets the rows' objects it had loaded (a fleet
+    apply's offers), and gives its loaded quota rows their new maxima."""
+    gone = set(tenant_ids)
+    forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
+    await remove_authz_rows(statements, pool_id, tenant_ids)
+    params = {"pool_key": pool_id, "tenants": list(tenant_ids)}
+    await statements.execute(_LOCK_WITHDRAWN, params)
+    await statements.execute(_DROP_WITHDRAWN, params)
+    sync_loaded(
+        statements,
+        QuotaRow,
+        lambda q: q.pool_id == pool_id and q.tenant_id in gone,
+        lambda q: {"max": q.used},
     )
 
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
-    session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, OFFER_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, OFFER_POOL.permission)
+    statements = uow.statements
+    actor = await resolve_actor(statements, principal, inp.tenant_id, OFFER_POOL)
+    pool = await lock_owned_pool_row(statements, actor, inp.pool_id, OFFER_POOL.permission)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     await _check_offer_state(uow, pool, inp)
-    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
-    rows = {
-        row.resource: row
-        for row in (
-            await session.execute(
-                # Locked: a concurrent release must not change `used` under the resize.
-                select(QuotaRow)
-                .where(QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id)
-                .order_by(QuotaRow.resource)
-                .with_for_update()
-            )
-        ).scalars()
-    }
-    await _check_offer_bounds(session, pool.id, inp, new_offer=offer is None, rows=set(rows))
-    target_exists = await session.get(Tenant, inp.to_tenant_id) is not None
+    at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
+    offer = (await statements.execute(_OFFER, at)).one_or_none()
+    # Locked: a concurrent release must not change `used` under the resize.
+    rows = {row.resource: row for row in (await statements.execute(_LOCK_QUOTAS, at)).all()}
+    await _check_offer_bounds(statements, pool.id, inp, new_offer=offer is None, rows=set(rows))
+    target_exists = await statements.scalar(_TENANT_EXISTS, {"tenant": inp.to_tenant_id})
     if not target_exists and principal.is_fleet_admin:
         # A fleet admin may act for any tenant, so it learns which exist from tenantId
         # anyway: it is told, which catches a typo in a fleet file.
@@ -185,42 +271,62 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         )
     )
     after_quota = {r: q.max for r, q in rows.items()}
+    flags = {"include_descendants": inp.include_descendants, "priority": inp.priority}
     if offer is None:
-        session.add(
-            Offer(
-                pool_id=pool.id,
-                tenant_id=inp.to_tenant_id,
-                include_descendants=inp.include_descendants,
-                priority=inp.priority,
-            )
+        await statements.execute(
+            _ADD_OFFER,
+            {"pool_id": pool.id, "tenant_id": inp.to_tenant_id, **flags, "created_at": utcnow()},
         )
     else:
-        offer.include_descendants = inp.include_descendants
-        offer.priority = inp.priority
+        await statements.execute(_SET_OFFER, {**at, **flags})
+    added: list[dict[str, Any]] = []
+    resized: list[dict[str, Any]] = []
     for resource, maximum in inp.quota.items():
         row = rows.get(resource)
         if row is None:
-            session.add(
-                QuotaRow(
-                    pool_id=pool.id,
-                    tenant_id=inp.to_tenant_id,
-                    resource=resource,
-                    max=maximum,
-                    used=0,
-                )
+            added.append(
+                {
+                    "pool_id": pool.id,
+                    "tenant_id": inp.to_tenant_id,
+                    "resource": resource,
+                    "max": maximum,
+                    "used": 0,
+                }
             )
+            after_quota[resource] = maximum
         else:
-            row.max = max(maximum, row.used)  # never below what live reservations hold
-        after_quota[resource] = maximum if row is None else row.max
+            after_quota[resource] = max(maximum, row.used)  # never below what is in use
+            if after_quota[resource] != row.max:
+                resized.append({**at, "key": resource, "set_max": after_quota[resource]})
+    if added:
+        await statements.execute_many(_ADD_QUOTA, added)
+    if resized:
+        await statements.execute_many(_SET_QUOTA, resized)
+        new_max = {r["key"]: r["set_max"] for r in resized}
+        sync_loaded(
+            statements,
+            QuotaRow,
+            lambda q: (
+                (q.pool_id, q.tenant_id) == (pool.id, inp.to_tenant_id) and q.resource in new_max
+            ),
+            lambda q: {"max": new_max[q.resource]},
+        )
+    if offer is not None:
+        sync_loaded(
+            statements,
+            Offer,
+            lambda o: (o.pool_id, o.tenant_id) == (pool.id, inp.to_tenant_id),
+            lambda _: flags,
+        )
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
-    await write_authz_row(
-        session,
+    await put_authz_row(
+        statements,
         pool,
         inp.to_tenant_id,
         include_descendants=inp.include_descendants,
         new_offer=offer is None,
     )
-    bump_version(pool)
+    await write_pool(statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -237,39 +343,37 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
     )
-    await session.flush()
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
     lineage = (
-        await load_lineage(session, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
+        await load_lineage(statements, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
     )
     seen_by = Actor(principal, inp.to_tenant_id, lineage)
-    return await pool_detail(session, seen_by, pool.id)
+    return await pool_detail(statements, seen_by, pool.id)
 
 
 async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, UNOFFER_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, UNOFFER_POOL.permission)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UNOFFER_POOL)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UNOFFER_POOL.permission)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)
     if inp.dry_run:
         return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
-    offer = await session.get(Offer, (pool.id, inp.to_tenant_id))
-    if offer is None:
-        return False
-    rows = await session.execute(
-        select(QuotaRow.resource, QuotaRow.max).where(
-            QuotaRow.pool_id == pool.id, QuotaRow.tenant_id == inp.to_tenant_id
+    found = (
+        await uow.statements.execute(
+            _OFFER_WITH_QUOTAS, {"pool_key": pool.id, "tenant": inp.to_tenant_id}
         )
-    )
-    before = offer_entry(
-        offer.include_descendants, offer.priority, {r.resource: r.max for r in rows}
-    )
-    await withdraw_offer(session, pool.id, inp.to_tenant_id)
-    bump_version(pool)
+    ).all()
+    if not found:  # no such offer
+        return False
+    offer = found[0]
+    quota = {r.resource: r.max for r in found if r.resource is not None}
+    before = offer_entry(offer.include_descendants, offer.priority, quota)
+    await withdraw_offer(uow.statements, pool.id, inp.to_tenant_id)
+    await write_pool(uow.statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.unoffered",

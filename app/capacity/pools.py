@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Table, bindparam, insert, select
+
 from app.capacity.access import (
+    LockedPool,
     check_version,
     lock_owned_pool,
+    lock_owned_pool_row,
     resolve_actor,
 )
 from app.capacity.changes import Change, change, label_changes, policy_changes
@@ -18,10 +22,11 @@ from app.capacity.inputs import (
     LabelPoolInput,
     UpdatePoolInput,
 )
-from app.capacity.offers import offers_on, withdraw_guest_offers
+from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
 from app.capacity.pool_reads import pool_detail
-from app.capacity.projection import refresh_authz_rows, write_authz_row
+from app.capacity.pool_rows import write_pool
+from app.capacity.projection import put_authz_row, refresh_authz_rows
 from app.capacity.reads import (
     Actor,
     load_lineage,
@@ -83,7 +88,7 @@ def _fingerprint(inp: CreatePoolInput, agent: str) -> dict[str, Any]:
 
 
 async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
-    session = uow.session
+    statements = uow.statements
     agent = _effective_agent(inp)
     call = IdempotentCreate(
         method="pools.create",
@@ -96,18 +101,18 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         "or provider account",
     )
     pool_id = call.resource_id
-    if await call.is_retry(session):
+    if await call.is_retry(statements):
         # The first call's decision stands: no second IAM decision, no second event.
-        actor = Actor(principal, inp.tenant_id, await load_lineage(session, inp.tenant_id))
-        return await pool_detail(session, actor, pool_id)
+        actor = Actor(principal, inp.tenant_id, await load_lineage(statements, inp.tenant_id))
+        return await pool_detail(statements, actor, pool_id)
 
-    actor = await resolve_actor(session, principal, inp.tenant_id, CREATE_POOL)
-    site = await session.get(Site, inp.site_id)
+    actor = await resolve_actor(statements, principal, inp.tenant_id, CREATE_POOL)
+    site = (await statements.execute(_SITE, {"site": inp.site_id})).first()
     if site is None or site.tenant_id != actor.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
     if inp.provider_account_id is not None:
-        account = await session.get(ProviderAccount, inp.provider_account_id)
-        if account is None or account.tenant_id != actor.tenant_id:
+        account = await statements.scalar(_ACCOUNT_TENANT, {"account": inp.provider_account_id})
+        if account != actor.tenant_id:
             raise NotFound(
                 f"provider account {inp.provider_account_id} not found", field="providerAccountId"
             )
@@ -119,9 +124,9 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     # A narrowed binding may only create pools it could then manage.
     decide_pool(principal, CREATE_POOL.permission, attributes)
 
-    await call.remember(session)
+    await call.remember(statements)
     now = utcnow()
-    pool = Pool(
+    pool = LockedPool(
         id=pool_id,
         tenant_id=actor.tenant_id,
         site_id=site.id,
@@ -139,16 +144,19 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         created_at=now,
         updated_at=now,
     )
-    session.add(pool)
-    await session.flush()
-    note_pool_created(session, pool_id)  # its events' order: app/events/outbox.py
-    session.add(Offer(pool_id=pool_id, tenant_id=actor.tenant_id, created_at=now))
-    quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
-    session.add_all(
-        QuotaRow(pool_id=pool_id, tenant_id=actor.tenant_id, resource=r, max=m, used=0)
-        for r, m in quota.items()
+    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in LockedPool.__slots__})
+    note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
+    owner = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
+    await statements.execute(
+        _ADD_OFFER, {**owner, "include_descendants": False, "priority": 0, "created_at": now}
     )
-    await write_authz_row(session, pool, actor.tenant_id, include_descendants=False, new_offer=True)
+    quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
+    await statements.execute_many(
+        _ADD_QUOTA, [{**owner, "resource": r, "max": m, "used": 0} for r, m in quota.items()]
+    )
+    await put_authz_row(
+        statements, pool, actor.tenant_id, include_descendants=False, new_offer=True
+    )
     uow.emit(
         PendingEvent(
             type="pool.created",
@@ -166,7 +174,19 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
             audience=frozenset({actor.tenant_id}),
         )
     )
-    return await pool_detail(session, actor, pool_id)
+    return await pool_detail(statements, actor, pool_id)
+
+
+_SITES: Table = Site.__table__  # type: ignore[assignment]
+_ACCOUNTS: Table = ProviderAccount.__table__  # type: ignore[assignment]
+# What create reads and writes, built once.
+_SITE = select(_SITES.c.id, _SITES.c.tenant_id, _SITES.c.kind, _SITES.c.region).where(
+    _SITES.c.id == bindparam("site")
+)
+_ACCOUNT_TENANT = select(_ACCOUNTS.c.tenant_id).where(_ACCOUNTS.c.id == bindparam("account"))
+_ADD_POOL = insert(Pool.__table__)  # type: ignore[arg-type]
+_ADD_OFFER = insert(Offer.__table__)  # type: ignore[arg-type]
+_ADD_QUOTA = insert(QuotaRow.__table__)  # type: ignore[arg-type]
 
 
 # -- update --------------------------------------------------------------------------------
@@ -176,8 +196,8 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, UPDATE_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, UPDATE_POOL.permission)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UPDATE_POOL)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UPDATE_POOL.permission)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
@@ -186,9 +206,10 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
-    offers = await offers_on(session, pool.id)
+    offers = await offer_rows(uow.statements, pool.id)
     changed: list[str] = []
     changes: list[Change] = []
+    written: dict[str, Any] = {}
     if inp.policy is not None:
         site = await session.get_one(Site, pool.site_id)
         policy = validate_policy(
@@ -206,22 +227,22 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
             # another pool of the site may be changing its images in this instant.
             site.agent_revision = Site.agent_revision + 1
         changes += policy_changes(pool.policy, policy)
-        pool.policy = policy
+        written["policy"] = policy
         changed.append("policy")
     moved_model = inp.gpu_model is not None and inp.gpu_model != pool.gpu_model
     if inp.gpu_model is not None:
         if moved_model:
             changes.append(change("/gpuModel", pool.gpu_model, inp.gpu_model))
-        pool.gpu_model = inp.gpu_model
+        written["gpu_model"] = inp.gpu_model
         changed.append("gpuModel")
-    pool.version += 1
-    pool.updated_at = utcnow()
-    await session.flush()  # the pool's row, in one UPDATE
+    written["version"] = pool.version + 1
+    written["updated_at"] = utcnow()
+    await write_pool(uow.statements, pool, written)  # the pool's row, in one UPDATE
     if moved_model:  # the same model leaves every authz row as it is
-        await refresh_authz_rows(session, pool)
-    await refresh_rollup(session, pool)
+        await refresh_authz_rows(uow.statements, pool)
+    await refresh_rollup(uow.statements, pool)
     _emit_updated(uow, actor, pool, offers, changed, changes)
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)
 
 
 # -- label ---------------------------------------------------------------------------------
@@ -234,7 +255,7 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
     if inp.display_name is None and inp.labels is None:
         raise InvalidInput("give displayName, labels or both", field="displayName")
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, LABEL_POOL)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, LABEL_POOL)
     pool = await lock_owned_pool(session, actor, inp.pool_id, LABEL_POOL.permission)
     check_version(pool, inp.version)
     if pool.archived:
@@ -254,19 +275,19 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
             pool.labels = dict(inp.labels)
             changed.append("labels")
     if not changes:
-        return await pool_detail(session, actor, pool.id)
+        return await pool_detail(uow.statements, actor, pool.id)
     pool.version += 1
     pool.updated_at = utcnow()
     await session.flush()
     offers = await offers_on(session, pool.id)
     _emit_updated(uow, actor, pool, offers, changed, changes)
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)
 
 
 def _emit_updated(
     uow: UnitOfWork,
     actor: Actor,
-    pool: Pool,
+    pool: Pool | LockedPool,
     offers: Any,
     changed: Any,
     changes: Any,
@@ -290,20 +311,19 @@ async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
     session = uow.session
-    actor = await resolve_actor(session, principal, inp.tenant_id, ARCHIVE_POOL)
-    pool = await lock_owned_pool(session, actor, inp.pool_id, ARCHIVE_POOL.permission)
+    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, ARCHIVE_POOL)
+    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, ARCHIVE_POOL.permission)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
     if pool.archived:
-        return await pool_detail(session, actor, pool.id)
-    removed = await withdraw_guest_offers(session, pool)
+        return await pool_detail(uow.statements, actor, pool.id)
+    removed = await withdraw_guest_offers(uow.statements, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
-    await lock_capacity_rows(session, pool.id)
-    pool.archived = True
-    pool.version += 1
-    pool.updated_at = utcnow()
+    await lock_capacity_rows(uow.statements, pool.id)
+    archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
+    await write_pool(uow.statements, pool, archived)
     uow.emit(
         PendingEvent(
             type="pool.archived",
@@ -313,5 +333,4 @@ async def archive_pool(
             audience=frozenset(removed) | {pool.tenant_id},
         )
     )
-    await session.flush()
-    return await pool_detail(session, actor, pool.id)
+    return await pool_detail(uow.statements, actor, pool.id)

@@ -5,11 +5,17 @@ offer, removed on unoffer and archive, refreshed on update, always beside the of
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import Table, bindparam, delete, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.capacity.access import LockedPool
+from app.capacity.pool_rows import forget_loaded, sync_loaded
 from app.db.models import AuthzRow, Pool
+from app.db.session_statements import SessionStatements
+
+_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
 
 
 async def write_authz_row(
@@ -26,12 +32,52 @@ async def write_authz_row(
     if row is None:
         row = AuthzRow(tenant_id=tenant_id, pool_id=pool.id)
         session.add(row)
-    row.gpu_model = pool.gpu_model
-    row.pool_class = pool.pool_class
-    row.sharing = pool.sharing
-    row.region = pool.region
-    row.owned = tenant_id == pool.tenant_id
-    row.include_descendants = include_descendants
+    for name, value in authz_values(pool, tenant_id, include_descendants).items():
+        setattr(row, name, value)
+
+
+def authz_values(pool: Pool | LockedPool, tenant_id: str, include_descendants: bool) -> Any:
+    """What the tenant's row carries of the pool (the attributes bindings narrow by)."""
+    return {
+        "gpu_model": pool.gpu_model,
+        "pool_class": pool.pool_class,
+        "sharing": pool.sharing,
+        "region": pool.region,
+        "owned": tenant_id == pool.tenant_id,
+        "include_descendants": include_descendants,
+    }
+
+
+_PUT = (
+    update(_AUTHZ)
+    .where(_AUTHZ.c.tenant_id == bindparam("key_tenant"), _AUTHZ.c.pool_id == bindparam("pool_key"))
+    .returning(_AUTHZ.c.tenant_id)
+)
+_ADD = insert(_AUTHZ)
+
+
+async def put_authz_row(
+    statements: SessionStatements,
+    pool: LockedPool,
+    tenant_id: str,
+    *,
+    include_descendants: bool,
+    new_offer: bool = False,
+) -> None:
+    """`write_authz_row` by Core statements built once: the row set if it is there (not
+    looked for beside a new offer), else added; a loaded object of it kept in step."""
+    values = authz_values(pool, tenant_id, include_descendants)
+    if not new_offer:
+        key = {"key_tenant": tenant_id, "pool_key": pool.id}
+        if (await statements.execute(_PUT, {**key, **values})).first() is not None:
+            sync_loaded(
+                statements,
+                AuthzRow,
+                lambda r: (r.tenant_id, r.pool_id) == (tenant_id, pool.id),
+                lambda _: values,
+            )
+            return
+    await statements.execute(_ADD, {"tenant_id": tenant_id, "pool_id": pool.id, **values})
 
 
 async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
@@ -40,14 +86,34 @@ async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) 
     )
 
 
-async def remove_authz_rows(session: AsyncSession, pool_id: str, tenant_ids: Sequence[str]) -> None:
-    await session.execute(
-        delete(AuthzRow).where(AuthzRow.pool_id == pool_id, AuthzRow.tenant_id.in_(tenant_ids))
-    )
+# Some tenants' authz rows of a pool; built once.
+_REMOVE = delete(_AUTHZ).where(
+    _AUTHZ.c.pool_id == bindparam("pool_key"),
+    _AUTHZ.c.tenant_id.in_(bindparam("tenants", expanding=True)),
+)
 
 
-async def refresh_authz_rows(session: AsyncSession, pool: Pool) -> None:
+async def remove_authz_rows(
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+) -> None:
+    """The tenants' rows go (their offers went); the session forgets those it had loaded."""
+    gone = set(tenant_ids)
+    forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
+    await statements.execute(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+
+
+# Every authz row of a pool, its gpuModel set; built once.
+_REFRESH = (
+    update(_AUTHZ)
+    .where(_AUTHZ.c.pool_id == bindparam("pool_key"))
+    .values(gpu_model=bindparam("model"))
+)
+
+
+async def refresh_authz_rows(statements: SessionStatements, pool: LockedPool) -> None:
     """After an update: only gpuModel of the narrowing attributes can change."""
-    await session.execute(
-        update(AuthzRow).where(AuthzRow.pool_id == pool.id).values(gpu_model=pool.gpu_model)
+    model = pool.gpu_model
+    await statements.execute(_REFRESH, {"pool_key": pool.id, "model": model})
+    sync_loaded(
+        statements, AuthzRow, lambda row: row.pool_id == pool.id, lambda _: {"gpu_model": model}
     )

@@ -303,14 +303,18 @@ async def effective_quotas(
     return found
 
 
+# Some pools' capacity rows; built once, the pools bound per call.
+_CAPACITY_OF = (
+    select(CapacityRow.__table__)
+    .where(CapacityRow.pool_id.in_(bindparam("pool_ids", expanding=True)))
+    .order_by(CapacityRow.pool_id, *_ORDER["capacity"])
+)
+
+
 async def capacity_of(
     executor: Executor, pool_ids: Sequence[str]
 ) -> dict[str, tuple[CapacityView, ...]]:
-    rows = await executor.execute(
-        select(CapacityRow.__table__)
-        .where(CapacityRow.pool_id.in_(pool_ids))
-        .order_by(CapacityRow.pool_id, *_ORDER["capacity"])
-    )
+    rows = await executor.execute(_CAPACITY_OF, {"pool_ids": list(pool_ids)})
     found: dict[str, list[CapacityView]] = defaultdict(list)
     for r in rows:
         found[r.pool_id].append(CapacityView(r.resource, r.total, r.allocatable, r.booked))

@@ -27,6 +27,7 @@ from sqlalchemy import (
     CompoundSelect,
     CursorResult,
     Update,
+    bindparam,
     case,
     literal,
     select,
@@ -159,16 +160,20 @@ async def _book(
             raise exhausted(limit, resource)
 
 
-async def lock_capacity_rows(session: AsyncSession, pool_id: str) -> None:
+# Built once, the pool bound per call.
+_LOCK_CAPACITY_ROWS = (
+    select(CapacityRow.resource)
+    .where(CapacityRow.pool_id == bindparam("pool_key"))
+    .order_by(CapacityRow.resource)
+    .with_for_update()
+)
+
+
+async def lock_capacity_rows(executor: Executor, pool_id: str) -> None:
     """Lock the rows every booking in the pool must update, in resource order as bookings
     take them. An archive holding them until it commits orders itself after the bookings
     in flight and before any booking that checks the pool's state after them."""
-    await session.execute(
-        select(CapacityRow.resource)
-        .where(CapacityRow.pool_id == pool_id)
-        .order_by(CapacityRow.resource)
-        .with_for_update()
-    )
+    await executor.execute(_LOCK_CAPACITY_ROWS, {"pool_key": pool_id})
 
 
 def archived_refusal(pool_id: str) -> InvalidState:

@@ -6,11 +6,13 @@ GraphQL request's one connection); each write runs in exactly one unit of work.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import orjson
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -75,6 +77,18 @@ from app.iam.roles import POOLS_SHARE
 
 T = TypeVar("T")
 
+# The token hash of a caller admission remembered (app/http/admission.py), for the writes
+# of this context (Capacity.token_checked): checked in each write's own transaction.
+_CHECKED_TOKEN: ContextVar[str | None] = ContextVar("bettercompute_checked_token", default=None)
+# Whether the remembered caller's token and binding hold, built once (booking.caller_live:
+# the token live, its binding the role it was remembered with and not narrowed).
+_CALLER_LIVE = select(booking.caller_live())
+
+
+class CallerChanged(Exception):
+    """The remembered caller's token is no longer live or its binding changed: the write
+    wrote nothing; the transport looks the caller up and runs it again."""
+
 
 class Capacity:
     def __init__(
@@ -113,13 +127,37 @@ class Capacity:
         async with self.reading() as conn:
             return await work(conn)
 
-    async def _write(self, work: Callable[[UnitOfWork], Awaitable[T]], *, retry: bool) -> T:
+    @contextmanager
+    def token_checked(self, token_hash: str) -> Iterator[None]:
+        """The writes in this block are a remembered caller's: each checks, first in its
+        own transaction, that its token and binding still hold (CallerChanged if not)."""
+        reset = _CHECKED_TOKEN.set(token_hash)
+        try:
+            yield
+        finally:
+            _CHECKED_TOKEN.reset(reset)
+
+    async def _write(
+        self,
+        work: Callable[[UnitOfWork], Awaitable[T]],
+        *,
+        retry: bool,
+        principal: Principal | None = None,
+    ) -> T:
         """Run `work` in one unit of work. With an idempotency key, a concurrent twin that
-        won the insert makes ours fail on the key; running again then reads its result."""
+        won the insert makes ours fail on the key; running again then reads its result.
+        A remembered caller's (token_checked) is checked first, in the same transaction."""
         attempts = 3 if retry else 1
+        token = _CHECKED_TOKEN.get()
         for attempt in range(attempts):
             try:
                 async with self.unit_of_work() as uow:
+                    if token is not None and principal is not None:
+                        checked = {"token": token, "role": principal.role}
+                        if principal.conditions or not await uow.statements.scalar(
+                            _CALLER_LIVE, checked
+                        ):
+                            raise CallerChanged
                     return await work(uow)
             except IntegrityError:
                 if attempt == attempts - 1:
@@ -301,24 +339,35 @@ class Capacity:
         return await self._write(
             lambda uow: pools.create_pool(uow, principal, inp),
             retry=inp.idempotency_key is not None,
+            principal=principal,
         )
 
     async def offer_pool(self, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
-        return await self._write(lambda uow: offers.offer_pool(uow, principal, inp), retry=False)
+        return await self._write(
+            lambda uow: offers.offer_pool(uow, principal, inp), retry=False, principal=principal
+        )
 
     async def unoffer_pool(self, principal: Principal, inp: UnofferPoolInput) -> bool | ImpactView:
-        return await self._write(lambda uow: offers.unoffer_pool(uow, principal, inp), retry=False)
+        return await self._write(
+            lambda uow: offers.unoffer_pool(uow, principal, inp), retry=False, principal=principal
+        )
 
     async def update_pool(self, principal: Principal, inp: UpdatePoolInput) -> PoolDetail:
-        return await self._write(lambda uow: pools.update_pool(uow, principal, inp), retry=False)
+        return await self._write(
+            lambda uow: pools.update_pool(uow, principal, inp), retry=False, principal=principal
+        )
 
     async def label_pool(self, principal: Principal, inp: LabelPoolInput) -> PoolDetail:
-        return await self._write(lambda uow: pools.label_pool(uow, principal, inp), retry=False)
+        return await self._write(
+            lambda uow: pools.label_pool(uow, principal, inp), retry=False, principal=principal
+        )
 
     async def archive_pool(
         self, principal: Principal, inp: ArchivePoolInput
     ) -> PoolDetail | ImpactView:
-        return await self._write(lambda uow: pools.archive_pool(uow, principal, inp), retry=False)
+        return await self._write(
+            lambda uow: pools.archive_pool(uow, principal, inp), retry=False, principal=principal
+        )
 
     async def explain_access(
         self, principal: Principal, inp: ExplainAccessInput, *, reads: ReadScope | None = None

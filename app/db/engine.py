@@ -31,9 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 from app.config import Settings
 from app.db.direct import DirectReads
 from app.db.embedded import busy_timeout_ms, connection_pragmas
+from app.db.session_statements import DriverStatements, SessionStatements, driver_statements
 
-# What a read runs on: a connection, or a unit of work's session.
-Executor = AsyncConnection | AsyncSession
+# What a read runs on: a connection, a unit of work's session, or its statements.
+Executor = AsyncConnection | AsyncSession | SessionStatements
 
 # asyncpg's own statement bound sits above the server's statement_timeout, so a slow
 # statement is cancelled by the server (the connection stays usable) and the client's
@@ -84,6 +85,9 @@ class Database:
     reader: AsyncEngine
     # PostgreSQL (not behind PgBouncer): single statements outside a transaction.
     direct: DirectReads | None = None
+    # PostgreSQL on asyncpg (not behind PgBouncer): a unit of work's built-once Core
+    # statements on its own driver connection (app/db/session_statements.py).
+    driver: DriverStatements | None = None
 
     @property
     def dialect(self) -> str:
@@ -194,4 +198,5 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             statement_timeout_ms=int(statement_timeout),
             command_timeout_s=s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
         )
-    return Database(url, engine, engine, direct)
+    driver = None if pgbouncer else driver_statements(engine.dialect, enabled=s.compiled_reads)
+    return Database(url, engine, engine, direct, driver)

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
 from app.db.session_rows import SessionRows
+from app.db.session_statements import SessionStatements
 from app.events.cursor import Position
 from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
 
@@ -29,6 +30,8 @@ class UnitOfWork:
         self._events: list[PendingEvent] = []
         self.session: AsyncSession
         self.rows: SessionRows  # the inventory rows (app/db/inventory_rows.py) in `session`
+        # Core statements in `session`'s transaction (app/db/session_statements.py)
+        self.statements: SessionStatements
 
     @property
     def dialect(self) -> str:
@@ -47,6 +50,7 @@ class UnitOfWork:
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)
         self.rows = SessionRows(self.session)
+        self.statements = SessionStatements(self.session, self._db.driver)
         return self
 
     async def __aexit__(
@@ -58,7 +62,7 @@ class UnitOfWork:
         newest: Position | None = None
         try:
             if exc_type is None:
-                newest = await append_events(self.session, self._events)
+                newest = await append_events(self.statements, self._events)
                 await self.session.commit()
             else:
                 await self.session.rollback()

@@ -30,14 +30,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, bindparam, func, insert, select
+from sqlalchemy import BigInteger, Table, bindparam, func, insert, select
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.orm import aliased
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.models import Event, EventAudience, Pool, utcnow
+from app.db.session_statements import SessionStatements
 from app.events.cursor import Position
 
 log = logging.getLogger(__name__)
@@ -107,19 +108,33 @@ class PendingEvent:
     audience: frozenset[str] = field(default_factory=frozenset)
 
 
-_PRIOR = aliased(Event)
+# Core statements on the tables (not the ORM's bulk insert): built once, as the unit of
+# work's statements run them (app/db/session_statements.py).
+_EVENTS: Table = Event.__table__  # type: ignore[assignment]
+_AUDIENCE_TABLE: Table = EventAudience.__table__  # type: ignore[assignment]
 # The pool's newest tx, read under its lock: every earlier event of the pool has committed.
+_PRIOR = _EVENTS.alias("prior")
 _POOL_NEWEST_TX = (
-    select(func.coalesce(func.max(_PRIOR.tx), 0))
-    .where(_PRIOR.pool_id == bindparam("tx_pool"))
+    select(func.coalesce(func.max(_PRIOR.c.tx), 0))
+    .where(_PRIOR.c.pool_id == bindparam("tx_pool"))
     .scalar_subquery()
 )
 _INSERT = (
-    insert(Event)
+    insert(_EVENTS)
     .values(tx=func.greatest(CurrentTx(), _POOL_NEWEST_TX))
-    .returning(Event.tx, Event.seq, sort_by_parameter_order=True)
+    .returning(_EVENTS.c.tx, _EVENTS.c.seq, sort_by_parameter_order=True)
 )
-_INSERT_SQLITE = insert(Event).returning(Event.tx, Event.seq, sort_by_parameter_order=True)
+_INSERT_SQLITE = insert(_EVENTS).returning(
+    _EVENTS.c.tx, _EVENTS.c.seq, sort_by_parameter_order=True
+)
+# An event's audience in one statement whatever its size (PostgreSQL: arrays bound).
+_AUDIENCE = insert(_AUDIENCE_TABLE).from_select(
+    ["seq", "tenant_id"],
+    select(
+        func.unnest(bindparam("seqs", type_=postgresql.ARRAY(BigInteger()))),
+        func.unnest(bindparam("tenants", type_=postgresql.ARRAY(EventAudience.tenant_id.type))),
+    ),
+)
 
 
 class LockOrderViolation(AssertionError):
@@ -127,11 +142,17 @@ class LockOrderViolation(AssertionError):
     order would be a race, so the write is refused."""
 
 
-async def append_events(session: AsyncSession, events: Iterable[PendingEvent]) -> Position | None:
-    """Insert the events; returns the newest position. Call last, right before commit."""
+async def append_events(
+    statements: SessionStatements | AsyncSession, events: Iterable[PendingEvent]
+) -> Position | None:
+    """Insert the events; returns the newest position. Call last, right before commit.
+    A unit of work passes its statements; a session alone runs them on the plain path."""
     pending = list(events)
     if not pending:
         return None
+    if isinstance(statements, AsyncSession):
+        statements = SessionStatements(statements, None)
+    session = statements.session
     pools: set[str] = session.info.get(_POOLS, set())
     unlocked = sorted({e.pool_id for e in pending} - pools)
     if unlocked:
@@ -153,15 +174,25 @@ async def append_events(session: AsyncSession, events: Iterable[PendingEvent]) -
         for row in rows:
             row["tx_pool"] = row["pool_id"]
     # One statement however many events; positions come back in the order of `pending`.
-    positions = [
-        Position(tx, seq)
-        for tx, seq in (await session.execute(_INSERT if postgres else _INSERT_SQLITE, rows)).all()
-    ]
+    # One event (a write's) is one row, bound as such: the built-once path takes it.
+    inserted = _INSERT if postgres else _INSERT_SQLITE
+    found = (
+        await statements.execute(inserted, rows[0])
+        if len(rows) == 1
+        else await session.execute(inserted, rows)
+    )
+    positions = [Position(tx, seq) for tx, seq in found.all()]
     audience = [
-        {"seq": position.seq, "tenant_id": tenant}
+        (position.seq, tenant)
         for position, item in zip(positions, pending, strict=True)
         for tenant in sorted(item.audience)
     ]
-    if audience:
-        await session.execute(insert(EventAudience), audience)
+    if audience and postgres:
+        seqs, tenants = zip(*audience, strict=True)
+        await statements.execute(_AUDIENCE, {"seqs": list(seqs), "tenants": list(tenants)})
+    elif audience:
+        await session.execute(
+            insert(_AUDIENCE_TABLE),
+            [{"seq": seq, "tenant_id": t} for seq, t in audience],
+        )
     return max(positions)

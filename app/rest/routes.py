@@ -17,10 +17,22 @@ from app.capacity.inputs import (
     parse_input,
 )
 from app.capacity.json_reads import CompiledRead
-from app.capacity.service import Capacity
+from app.capacity.service import CallerChanged, Capacity
 from app.capacity.shapes import Shape
 from app.capacity.views import ImpactView, ReservationView
-from app.catalog import CREATE_RESERVATION, METHODS, POOL_METHODS, RELEASE_RESERVATION, Method
+from app.catalog import (
+    ARCHIVE_POOL,
+    CREATE_POOL,
+    CREATE_RESERVATION,
+    LABEL_POOL,
+    METHODS,
+    OFFER_POOL,
+    POOL_METHODS,
+    RELEASE_RESERVATION,
+    UNOFFER_POOL,
+    UPDATE_POOL,
+    Method,
+)
 from app.errors import InvalidInput, Unavailable
 from app.http.admission import Admission, Admitted
 from app.http.responses import JSONResponse
@@ -37,6 +49,7 @@ COMPILED_SHAPES: dict[str, Shape] = {
     "/api/compute/pools/get": GET_SHAPE,
     "/api/compute/pools/list": LIST_SHAPE,
 }
+POOL_WRITES = (CREATE_POOL, OFFER_POOL, UNOFFER_POOL, UPDATE_POOL, ARCHIVE_POOL, LABEL_POOL)
 
 
 def _endpoint(method: Method) -> Any:
@@ -48,6 +61,9 @@ def _endpoint(method: Method) -> Any:
     # A booking or release may be one statement that checks the token too
     # (app/capacity/booking.py, booking_release.py).
     books = method is CREATE_RESERVATION or method is RELEASE_RESERVATION
+    # A pool write from a caller this process remembers checks the token in its own
+    # transaction (Capacity.token_checked), so it is not looked up first either.
+    writes_pool = method in POOL_WRITES
 
     async def endpoint(request: Request) -> Response:
         capacity: Capacity = request.app.state.capacity
@@ -57,7 +73,7 @@ def _endpoint(method: Method) -> Any:
             read = None if shape is None else _compiled(capacity, shape, compiled)
             fast = request.app.state.settings.compiled_reads and (
                 (read is not None and capacity.compiles_reads)
-                or (books and capacity.compiles_writes)
+                or ((books or writes_pool) and capacity.compiles_writes)
             )
             admitted = await admission.admit(
                 request,
@@ -90,7 +106,10 @@ def _endpoint(method: Method) -> Any:
                 booked = await _booked(capacity, admission, admitted, inp)
                 if booked is not None:
                     return JSONResponse({method.result_key: render(booked)})
-            result = await method.call(capacity, admitted.principal, inp)
+            if writes_pool and admitted.remembered and admitted.token_hash is not None:
+                result = await _remembered_write(capacity, admission, admitted, method, inp)
+            else:
+                result = await method.call(capacity, admitted.principal, inp)
             # A dry run (unoffer, archive) answers its impact in place of the result.
             key = "impact" if isinstance(result, ImpactView) else method.result_key
             return JSONResponse({key: render(result)})
@@ -138,6 +157,27 @@ async def _input(request: Request, method: Method) -> MethodInput:
     except orjson.JSONDecodeError:
         raise InvalidInput("the request body must be a JSON object") from None
     return parse_input(method.input, body)
+
+
+async def _remembered_write(
+    capacity: Capacity, admission: Admission, admitted: Admitted, method: Method, inp: MethodInput
+) -> Any:
+    """A pool write of a remembered caller, its token checked first in the write's own
+    transaction. When it no longer holds (CallerChanged: nothing was written), or the
+    write fails, the caller is looked up (UNAUTHENTICATED first when its token is no longer
+    good, as on the plain path); a changed caller's write then runs again as it is now."""
+    assert admitted.token_hash is not None
+    try:
+        with capacity.token_checked(admitted.token_hash):
+            return await method.call(capacity, admitted.principal, inp)
+    except CallerChanged:
+        admission.forget(admitted)
+        await admitted.confirm()
+        return await method.call(capacity, admitted.principal, inp)
+    except Exception:
+        admission.forget(admitted)
+        await admitted.confirm()
+        raise
 
 
 async def _booked(

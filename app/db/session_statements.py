@@ -1,0 +1,282 @@
+"""A unit of work's statements on its own asyncpg connection (PostgreSQL): the second
+execution strategy of `AsyncSession.execute` for Core statements built once.
+
+SQLAlchemy's cost per statement (the session's execution, compile-cache keys, result
+set-up) is several times asyncpg's own. A write sends about ten statements, so on
+PostgreSQL each Core statement the write sends more than once in the process life is
+compiled once by SQLAlchemy, into SQL text and the order of its parameters, and then
+sent on the session's own driver connection, in the same transaction, prepared by
+asyncpg's statement cache. Nothing is written twice: the text is SQLAlchemy's compile of
+the same statement object, its parameters are processed by the same type processors
+(`bind_processor`, `result_processor`), and its rows come back as SQLAlchemy rows
+(`Result`), so the callers cannot tell the strategies apart.
+
+Fenced (`driver_statements_usable`, checked once per Database): only on PostgreSQL with
+asyncpg, not behind PgBouncer in transaction mode, and only while the driver connection
+is inside the session's transaction (asyncpg's `is_in_transaction`: SQLAlchemy's adapter
+begins lazily, on its first statement); anything else, and a statement seen for the
+first time (one built per call never reaches the cache), runs on the plain path
+(`AsyncConnection.execute`: Core, without the ORM's per-statement work). Both paths are
+tested (tests/db/test_session_statements.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVarTuple, overload
+
+from sqlalchemy.engine import Dialect, Result
+from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import ValuesBase
+from sqlalchemy.sql.selectable import TypedReturnsRows
+from sqlalchemy.util.typing import TupleAny
+
+from app.db.direct import traced
+from app.metrics import statement_sent
+
+log = logging.getLogger(__name__)
+
+# Compiled statements kept (each holds its statement, so its id stays its own).
+MAX_COMPILED: Final = 256
+_Processor = Callable[[Any], Any] | None
+_Ts = TypeVarTuple("_Ts")
+
+
+@dataclass(frozen=True, slots=True)
+class DriverStatement:
+    """One Core statement compiled for the driver: its SQL with positional parameters,
+    their names in order, each bind's processor, and its rows' keys and processors."""
+
+    statement: Executable
+    compiled: SQLCompiler
+    sql: str
+    names: tuple[str, ...]
+    expanding: bool
+    binds: Mapping[str, _Processor]
+    keys: tuple[str, ...]
+    results: tuple[_Processor, ...] | None
+
+    def arguments(self, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        if self.expanding:  # an IN list: its text depends on the number of values
+            state = self.compiled.construct_expanded_state(dict(params))
+            processors = state.processors
+            values = state.parameters
+            return state.statement, tuple(
+                processors[n](values[n]) if n in processors else values[n]
+                for n in state.positiontup or ()
+            )
+        values = self.compiled.construct_params(dict(params))
+        binds = self.binds
+        return self.sql, tuple(
+            binds[n](values[n]) if binds.get(n) is not None else values[n]  # type: ignore[misc]
+            for n in self.names
+        )
+
+    def rows(self, records: list[Any]) -> list[tuple[Any, ...]]:
+        results = self.results
+        if results is None:
+            return [tuple(r) for r in records]
+        return [
+            tuple(v if p is None else p(v) for v, p in zip(r, results, strict=True))
+            for r in records
+        ]
+
+
+def is_orm(statement: Executable) -> bool:
+    """A statement only the session runs: a SELECT of entities (its rows are objects of
+    the identity map), or an ORM INSERT, UPDATE or DELETE (it keeps the identity map in
+    step). A SELECT of columns named by mapped attributes is Core's to run."""
+    if statement._propagate_attrs.get("compile_state_plugin") != "orm":
+        return False
+    if not isinstance(statement, Select):
+        return True
+    return any(
+        d.get("entity") is not None and d.get("expr") is d.get("entity")
+        for d in statement.column_descriptions
+    )
+
+
+def compile_for_driver(
+    statement: Executable, dialect: Dialect, column_keys: tuple[str, ...] | None = None
+) -> DriverStatement | None:
+    """`statement` as the driver runs it, or None when this path cannot (an ORM statement:
+    its rows are entities, built by the session). An INSERT or UPDATE writes the columns
+    its `values()` and its parameters name (`column_keys`), as SQLAlchemy compiles it."""
+    if is_orm(statement):
+        return None
+    compiled = statement.compile(  # type: ignore[attr-defined]
+        dialect=dialect, column_keys=list(column_keys or ())
+    )
+    assert isinstance(compiled, SQLCompiler)
+    if compiled.insert_prefetch or compiled.update_prefetch:
+        return None  # a column default computed in Python at execution: SQLAlchemy's to run
+    binds = {
+        name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+        for name, bind in compiled.binds.items()
+    }
+    columns = list(getattr(statement, "exported_columns", ()))
+    results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
+    keys = tuple(getattr(statement, "exported_columns", {}).keys())
+    return DriverStatement(
+        statement=statement,
+        compiled=compiled,
+        sql=str(compiled),
+        names=tuple(compiled.positiontup or ()),
+        expanding=any(b.expanding for b in compiled.binds.values()),
+        binds=binds,
+        keys=keys,
+        results=results if any(p is not None for p in results) else None,
+    )
+
+
+class DriverStatements:
+    """The compiled statements of one dialect, for every unit of work of a Database."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        self._compiled: OrderedDict[tuple[int, tuple[str, ...] | None], DriverStatement | None]
+        self._compiled = OrderedDict()
+        # Statements seen once (held weakly: one built per call is gone by the next call).
+        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def get(self, statement: Executable, params: Mapping[str, Any]) -> DriverStatement | None:
+        # An INSERT or UPDATE compiles to the columns its parameters name.
+        columns = tuple(sorted(params)) if isinstance(statement, ValuesBase) else None
+        key = (id(statement), columns)
+        if key in self._compiled:
+            found = self._compiled[key]
+            assert found is None or found.statement is statement
+            self._compiled.move_to_end(key)
+            return found
+        try:
+            seen = statement in self._seen
+        except TypeError:  # not weakly referable: plain path
+            return None
+        if not seen:
+            self._seen.add(statement)
+            return None
+        # None (an ORM statement) is kept too: should its id come again with another
+        # statement, that one runs on the plain path, which is always right.
+        made = compile_for_driver(statement, self._dialect, columns)
+        self._compiled[key] = made
+        while len(self._compiled) > MAX_COMPILED:
+            self._compiled.popitem(last=False)
+        return made
+
+
+class SessionStatements:
+    """The statements of one unit of work: Core statements on the session's connection,
+    each a built-once statement on the driver when the fence allows (module docstring).
+    An Executor (app/db/engine.py): the reads take it as they take a connection."""
+
+    def __init__(self, session: AsyncSession, driver: DriverStatements | None) -> None:
+        self.session = session
+        self._driver = driver
+        self._connection: AsyncConnection | None = None
+        self._raw: Any = None
+
+    async def connection(self) -> AsyncConnection:
+        if self._connection is None:
+            self._connection = await self.session.connection()
+            if self._driver is not None:
+                raw = await self._connection.get_raw_connection()
+                self._raw = raw.driver_connection
+        return self._connection
+
+    @overload
+    async def execute(
+        self, statement: TypedReturnsRows[*_Ts], params: Mapping[str, Any] | None = None
+    ) -> Result[*_Ts]: ...
+
+    @overload
+    async def execute(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> Result[*TupleAny]: ...
+
+    async def execute(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> Result[*TupleAny]:
+        session = self.session
+        conn = await self.connection()
+        raw = self._raw
+        compiled = None
+        if raw is not None and raw.is_in_transaction():
+            assert self._driver is not None
+            compiled = self._driver.get(statement, params or {})  # never an ORM one
+        if compiled is None and is_orm(statement):
+            return await session.execute(statement, params)
+        if session.new or session.dirty or session.deleted:
+            await session.flush()  # as the session's autoflush before it runs a statement
+        if compiled is None:
+            return await conn.execute(statement, dict(params) if params else None)
+        sql, args = compiled.arguments(params or {})
+        statement_sent()
+        try:
+            with traced(sql):
+                records = await raw.fetch(sql, *args)
+        except Exception as exc:
+            raise _adapted(exc, sql) from exc
+        return IteratorResult(SimpleResultMetaData(compiled.keys), iter(compiled.rows(records)))
+
+    async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
+        """`statement` once per row, as one executemany on the plain path."""
+        session = self.session
+        if session.new or session.dirty or session.deleted:
+            await session.flush()
+        await (await self.connection()).execute(statement, rows)
+
+    async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
+        return (await self.execute(statement, params)).scalar()
+
+
+def _adapted(exc: Exception, sql: str) -> Exception:
+    """asyncpg's error as SQLAlchemy's, as the plain path raises it: an integrity error
+    (SQLSTATE class 23) is an IntegrityError (an idempotent create's twin, service._write),
+    any other database error a DBAPIError; the rest (a timeout, a connection lost) as is."""
+    code = getattr(exc, "sqlstate", None)
+    if not isinstance(code, str):
+        return exc
+    if code.startswith("23"):
+        return IntegrityError(sql, None, exc)
+    return DBAPIError(sql, None, exc)
+
+
+def driver_statements(dialect: Dialect, *, enabled: bool) -> DriverStatements | None:
+    """The compiled statements for a PostgreSQL engine not behind PgBouncer (the caller
+    decides that), or None: the plain path. `enabled` is BETTERCOMPUTE_COMPILED_READS,
+    the one-statement family's switch. A library that moved under this path leaves it
+    out with one warning, as app/compat.py does for the fast path's pieces."""
+    if not enabled:
+        return None
+    problem = _driver_problem(dialect)
+    if problem is not None:
+        log.warning("driver statements cannot run (%s); the plain path serves instead", problem)
+        return None
+    return DriverStatements(dialect)
+
+
+def _driver_problem(dialect: Dialect) -> str | None:
+    from sqlalchemy import bindparam, column, select
+    from sqlalchemy.pool import ManagesConnection
+
+    if dialect.name != "postgresql" or dialect.driver != "asyncpg":
+        return f"the driver is {dialect.name}+{dialect.driver}, not postgresql+asyncpg"
+    if "driver_connection" not in getattr(ManagesConnection, "__annotations__", {}):
+        return "SQLAlchemy's pooled connections have no driver_connection"
+    probe: Executable = select(column("a")).where(column("a").in_(bindparam("b", expanding=True)))
+    made = compile_for_driver(probe, dialect)
+    if made is None or not made.expanding:
+        return "a probe statement did not compile"
+    sql, args = made.arguments({"b": [1, 2]})
+    if args != (1, 2) or "$2" not in sql:
+        return f"an IN list compiled as {sql!r} with {args!r}"
+    return None

@@ -1,0 +1,131 @@
+"""A unit of work's statements (app/db/session_statements.py): built-once Core statements
+on the session's own asyncpg connection where the fence allows, the plain path elsewhere,
+with the same rows, the same transaction and the same errors on both."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.capacity.inputs import CreatePoolInput, UpdatePoolInput
+from app.capacity.service import Capacity
+from app.config import Settings
+from app.db.engine import Database, create_database
+from app.db.models import Pool, Tenant, utcnow
+from app.db.session_statements import SessionStatements, is_orm
+from app.db.uow import UnitOfWork
+from app.iam.callers import authenticate
+from tests.support import Fleet
+
+_TENANTS = Tenant.__table__
+_NAMED = select(_TENANTS.c.id, _TENANTS.c.parent_id).where(_TENANTS.c.id == bindparam("tenant"))
+_AMONG = select(_TENANTS.c.id).where(_TENANTS.c.id.in_(bindparam("ids", expanding=True)))
+_RENAME = update(_TENANTS).where(_TENANTS.c.id == bindparam("tenant"))
+_ADD = insert(_TENANTS)
+
+
+def _driven(db: Database) -> bool:
+    """Whether this database takes the driver path (PostgreSQL, not behind PgBouncer)."""
+    return db.dialect == "postgresql" and not db.pooled_by_transaction
+
+
+async def test_the_fence_picks_the_driver_on_postgresql_only(db: Database) -> None:
+    assert (db.driver is not None) is _driven(db)
+    off = create_database(db.url, Settings(compiled_reads=False))
+    try:
+        assert off.driver is None
+    finally:
+        await off.dispose()
+
+
+def test_entities_and_orm_writes_stay_with_the_session() -> None:
+    assert is_orm(select(Pool))
+    assert is_orm(update(Pool).values(version=2))
+    assert not is_orm(select(Pool.id, Pool.version))  # columns, named by mapped attributes
+    assert not is_orm(_NAMED)
+
+
+async def test_both_paths_answer_alike_in_the_same_transaction(db: Database, fleet: Fleet) -> None:
+    await fleet.tenant("acme")
+    await fleet.tenant("acme-dev", "acme")
+    plain_answers = []
+    async with UnitOfWork(db) as uow:
+        plain = SessionStatements(uow.session, None)
+        for _ in range(2):
+            plain_answers.append((await plain.execute(_NAMED, {"tenant": "acme-dev"})).all())
+        plain_answers.append((await plain.execute(_AMONG, {"ids": ["acme", "acme-dev"]})).all())
+    async with UnitOfWork(db) as uow:
+        answers = []
+        for _ in range(3):  # seen once, then compiled for the driver
+            answers.append((await uow.statements.execute(_NAMED, {"tenant": "acme-dev"})).all())
+            answers.append(
+                (await uow.statements.execute(_AMONG, {"ids": ["acme", "acme-dev"]})).all()
+            )
+        row = answers[-2][0]
+        assert (row.id, row.parent_id) == ("acme-dev", "acme")  # rows by key, as SQLAlchemy's
+        assert sorted(answers[-1]) == sorted(plain_answers[-1])
+        assert answers[-2] == plain_answers[0]
+    if _driven(db):
+        assert db.driver is not None
+        compiled = [d for d in db.driver._compiled.values() if d is not None]
+        assert {d.statement for d in compiled} >= {_NAMED, _AMONG}
+
+
+async def test_a_driver_statement_is_in_the_unit_of_works_transaction(
+    db: Database, fleet: Fleet
+) -> None:
+    await fleet.tenant("acme")
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            async with UnitOfWork(db) as uow:
+                await uow.statements.execute(_NAMED, {"tenant": "acme"})  # the transaction began
+                await uow.statements.execute(_RENAME, {"tenant": "acme", "parent_id": "acme"})
+                raise RuntimeError("rolled back")
+    async with db.reader.connect() as conn:
+        parent = (await conn.execute(_NAMED, {"tenant": "acme"})).one().parent_id
+    assert parent is None  # every rename rolled back with its transaction
+
+
+async def test_an_integrity_error_is_sqlalchemys_on_both_paths(db: Database, fleet: Fleet) -> None:
+    await fleet.tenant("acme")
+    for _ in range(3):
+        with pytest.raises(IntegrityError):
+            async with UnitOfWork(db) as uow:
+                await uow.statements.execute(_NAMED, {"tenant": "acme"})
+                await uow.statements.execute(
+                    _ADD, {"id": "acme", "parent_id": None, "created_at": utcnow()}
+                )
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["driver", "plain"])
+async def test_a_pool_write_is_the_same_on_both_paths(
+    database_url: str, compiled: bool, fleet: Fleet
+) -> None:
+    """The same writes with the driver path on and off leave the same answers."""
+    db = create_database(database_url, Settings(compiled_reads=compiled))
+    try:
+        assert (db.driver is not None) is (compiled and _driven(db))
+        capacity = Capacity(db)
+        await fleet.tenant("acme")
+        site = await fleet.site("acme")
+        owner = await authenticate(db, f"Bearer {await fleet.caller('acme')}")
+        created = await capacity.create_pool(
+            owner,
+            CreatePoolInput.model_validate(
+                {"tenantId": "acme", "siteId": site, "class": "metal-host", "gpuModel": "H100"}
+            ),
+        )
+        models = ["L40S", "H200", "H100"]
+        for model in models:
+            updated = await capacity.update_pool(
+                owner,
+                UpdatePoolInput.model_validate(
+                    {"tenantId": "acme", "poolId": created.pool.id, "gpuModel": model}
+                ),
+            )
+        assert updated.pool.version == 1 + len(models)
+        assert updated.pool.gpu_model == "H100"
+        assert [q.resource for q in updated.quotas] == [q.resource for q in created.quotas]
+    finally:
+        await db.dispose()
