@@ -7,8 +7,9 @@ authentication, no IAM, no validation: the least work that answers the same data
 - `/pool?tenant&pool`: the GraphQL one-pool query (`data.pool` with its quotas)
 - `/rest/pools/get?tenant&pool`: REST `pools/get` as a guest tenant sees the pool
   (`offers` is null: they are the owner's), the shape of app/rest/render.py
+- `/rest/pools/list?tenant`: REST `pools/list`, every pool the guest sees, each as `get`
 
-The routes are written once here (`floor_app`); each dialect gives its three statements
+The routes are written once here (`floor_app`); each dialect gives its four statements
 and how to run one: PostgreSQL's below (asyncpg, `json_build_object`/`json_agg`), SQLite's
 in bench/floor_sqlite.py (aiosqlite, `json_object`/`json_group_array`).
 
@@ -71,8 +72,8 @@ FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.
 _TIMESTAMP = """to_char({col} AT TIME ZONE 'UTC', CASE WHEN extract(microseconds FROM {col})::int
   % 1000000 = 0 THEN 'YYYY-MM-DD"T"HH24:MI:SS"Z"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"' END)"""
 
-REST_GET = f"""
-SELECT json_build_object('pool', json_build_object(
+# REST's pool object (app/rest/render.py's pool_json), as a guest tenant $1 sees pool `p`.
+_REST_POOL = f"""json_build_object(
   'id', p.id, 'tenantId', p.tenant_id, 'siteId', p.site_id, 'class', p.class,
   'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', p.policy,
   'providerAccountId', p.provider_account_id, 'region', p.region,
@@ -88,8 +89,17 @@ SELECT json_build_object('pool', json_build_object(
     WHERE q.pool_id = p.id AND q.tenant_id = $1), '[]'),
   'offers', NULL,
   'createdAt', {_TIMESTAMP.format(col="p.created_at")},
-  'updatedAt', {_TIMESTAMP.format(col="p.updated_at")}))::text
+  'updatedAt', {_TIMESTAMP.format(col="p.updated_at")})"""
+
+REST_GET = f"""
+SELECT json_build_object('pool', {_REST_POOL})::text
 FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
+"""
+
+REST_LIST = f"""
+SELECT json_build_object('pools', COALESCE(json_agg({_REST_POOL} ORDER BY p.id), '[]'))::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1
+WHERE NOT p.archived OR p.tenant_id = $1
 """
 
 
@@ -104,6 +114,7 @@ class Statements:
     dashboard: str  # tenant, the id the page starts after (None: the first page), first
     one_pool: str  # tenant, pool
     rest_get: str  # tenant, pool
+    rest_list: str  # tenant
 
 
 def floor_app(
@@ -139,17 +150,22 @@ def floor_app(
         body = await request.app.state.fetch(statements.rest_get, q["tenant"], q["pool"])
         return Response(body, media_type="application/json")
 
+    async def rest_list(request: Request) -> Response:
+        body = await request.app.state.fetch(statements.rest_list, request.query_params["tenant"])
+        return Response(body, media_type="application/json")
+
     return Starlette(
         routes=[
             Route("/dashboard", dashboard),
             Route("/pool", one_pool),
             Route("/rest/pools/get", rest_get),
+            Route("/rest/pools/list", rest_list),
         ],
         lifespan=lifespan,
     )
 
 
-POSTGRESQL = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET)
+POSTGRESQL = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST)
 POOL_SIZE = 16
 
 

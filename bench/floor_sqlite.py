@@ -76,8 +76,8 @@ SELECT json_object('data', json_object('pool', json_object(
 FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1 WHERE p.id = ?2
 """
 
-REST_GET = f"""
-SELECT json_object('pool', json_object(
+# REST's pool object (app/rest/render.py's pool_json), as a guest tenant ?1 sees pool `p`.
+_REST_POOL = f"""json_object(
   'id', p.id, 'tenantId', p.tenant_id, 'siteId', p.site_id, 'class', p.class,
   'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', json(p.policy),
   'providerAccountId', p.provider_account_id, 'region', p.region,
@@ -97,11 +97,23 @@ SELECT json_object('pool', json_object(
           WHERE q.pool_id = p.id AND q.tenant_id = ?1 ORDER BY q.resource) q),
   'offers', NULL,
   'createdAt', {_TIMESTAMP.format(col="p.created_at")},
-  'updatedAt', {_TIMESTAMP.format(col="p.updated_at")}))
+  'updatedAt', {_TIMESTAMP.format(col="p.updated_at")})"""
+
+REST_GET = f"""
+SELECT json_object('pool', {_REST_POOL})
 FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1 WHERE p.id = ?2
 """
 
-SQLITE = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET)
+# json_group_array over an ordered subquery (3.40 has no ORDER BY in an aggregate); json()
+# keeps each object JSON rather than a string once it has passed through the subquery.
+REST_LIST = f"""
+SELECT json_object('pools', (SELECT json_group_array(json(pool)) FROM (
+  SELECT {_REST_POOL} AS pool
+  FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1
+  WHERE NOT p.archived OR p.tenant_id = ?1 ORDER BY p.id)))
+"""
+
+SQLITE = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST)
 # The service's reader engine keeps 4 connections (app/db/engine.py, `create_database`).
 CONNECTIONS = int(os.environ.get("BENCH_FLOOR_SQLITE_CONNECTIONS", "4"))
 

@@ -534,13 +534,30 @@ async def one_pool_cases(
         json.dumps({"tenantId": tenant, "poolId": pool}, separators=(",", ":")),
     )
     rest_floor = floor_request("/rest/pools/get", tenant=tenant, pool=pool)
-    for ours, theirs, key in ((small, small_floor, "data"), (rest, rest_floor, "pool")):
+    listing = HttpRequest(
+        "POST",
+        "/api/compute/pools/list",
+        {"content-type": "application/json", "authorization": f"Bearer {token}"},
+        json.dumps({"tenantId": tenant}, separators=(",", ":")),
+    )
+    listing_floor = floor_request("/rest/pools/list", tenant=tenant)
+    for ours, theirs, key in (
+        (small, small_floor, "data"),
+        (rest, rest_floor, "pool"),
+        (listing, listing_floor, "pools"),
+    ):
         answer, floor_answer = await send(service, ours), await send(floor, theirs)
         if answer.get(key) is None or not same_data(answer[key], floor_answer.get(key)):
             raise disagreement(ours.path, answer, floor_answer)
     return [
         Case("one pool with its quotas (GraphQL)", "graphql", [small], [small_floor]),
         Case("one pool, REST pools/get", "rest", [rest], [rest_floor]),
+        Case(
+            f"every pool, REST pools/list ({ONE_POOL_TENANT} pools)",
+            "rest",
+            [listing],
+            [listing_floor],
+        ),
     ]
 
 

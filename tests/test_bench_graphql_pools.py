@@ -128,6 +128,7 @@ async def test_the_quick_run_prints_every_row(
         "dashboard, 100 pools",
         "one pool with its quotas (GraphQL)",
         "one pool, REST pools/get",
+        "every pool, REST pools/list (100 pools)",
         "dashboard, 10 pools",
         "dashboard, 1,000 pools (10 pages of 100)",
     ):
