@@ -96,8 +96,11 @@ class DirectSQLiteReads:
     async def _acquire(self) -> aiosqlite.Connection:
         if self._closed:
             raise sqlite3.OperationalError("unable to open: the direct reads are closed")
-        async with asyncio.timeout(self._acquire_timeout_s):
-            await self._slots.acquire()
+        if self._slots.locked():  # all lent: wait for one, bounded
+            async with asyncio.timeout(self._acquire_timeout_s):
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()  # free now: no timer to arm
         try:
             if self._idle:
                 return self._idle.pop()
