@@ -9,14 +9,14 @@ return) and the pool's own bookkeeping, more than a one-pool statement itself; u
 the pool's overflow also opens and closes connections (a thread, the pragmas) per request.
 
 Each connection is opened as every other one to the file (app/db/embedded.py's pragmas:
-WAL, foreign keys, the busy timeout the engine's connections wait for a lock, the
-statement timeout) and read-only (`query_only`: nothing but the compiled SELECTs runs
-here). Bounded like the engine's reader: at most `max_size` connections, opened on
-first use and kept; a statement waits at most `acquire_timeout_s` for one (TimeoutError:
-UNAVAILABLE, app/db/errors.py, as the engine's pool timeout is); a lock it meets past the
-busy timeout is "database is locked", UNAVAILABLE too. A connection whose statement
-failed otherwise (or was cancelled) is closed, not lent again. Closed on shutdown
-(`Database.dispose`).
+WAL, foreign keys, and as busy timeout the statement timeout, which the engine's
+connections wait for a lock too), read-only, and without automatic indexes
+(`_READER_PRAGMAS`). Bounded like the engine's reader: at most `max_size` connections,
+opened on first use and kept; a statement waits at most `acquire_timeout_s` for one
+(TimeoutError: UNAVAILABLE, app/db/errors.py, as the engine's pool timeout is); a lock
+held past the busy timeout is "database is locked", UNAVAILABLE too. A connection whose
+statement failed otherwise (or was cancelled) is closed, not lent again. Closed on
+shutdown (`Database.dispose`).
 
 Fenced: `problem` checks aiosqlite for the API used here when the engine is made
 (app/db/engine.py); when it is not as expected the compiled reads use the engine's read
@@ -26,6 +26,7 @@ pool, as before, with one warning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import sqlite3
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,14 @@ from app.metrics import statement_sent
 
 if TYPE_CHECKING:
     import aiosqlite
+
+
+# Nothing but the compiled SELECTs runs here. And no automatic indexes: every table these
+# statements read is searched by a key, and the only ones without an index are a few
+# rows of the tenant's lineage, which SQLite would otherwise index anew per statement
+# (half of a one-pool REST read) and take for large enough to scan every authz row by it
+# rather than search the lineage's own (a dashboard page).
+_READER_PRAGMAS = ("PRAGMA query_only=ON", "PRAGMA automatic_index=OFF")
 
 
 def problem() -> str | None:
@@ -86,7 +95,7 @@ class DirectSQLiteReads:
         # mode=rw: a file that is gone is an error here, never a new empty database.
         conn = await aiosqlite.connect(file_uri(self._path, "rw"), uri=True, isolation_level=None)
         try:
-            for pragma in (*connection_pragmas(self._busy_timeout_ms), "PRAGMA query_only=ON"):
+            for pragma in (*connection_pragmas(self._busy_timeout_ms), *_READER_PRAGMAS):
                 await conn.execute_fetchall(pragma)
         except BaseException:
             await conn.close()
@@ -121,10 +130,8 @@ class DirectSQLiteReads:
     async def _discard(self, conn: aiosqlite.Connection) -> None:
         self._open.discard(conn)
         self._slots.release()
-        try:
+        with contextlib.suppress(Exception):  # already broken: nothing more to release
             await conn.close()
-        except Exception:  # already broken: nothing more to release
-            pass
 
     async def fetchval(self, sql: str, params: tuple[Any, ...]) -> Any:
         """The first column of the first row `sql` returns (None: no row), in one trip."""
@@ -155,7 +162,5 @@ class DirectSQLiteReads:
         idle, self._idle = self._idle, []
         for conn in idle:
             self._open.discard(conn)
-            try:
+            with contextlib.suppress(Exception):
                 await conn.close()
-            except Exception:
-                pass

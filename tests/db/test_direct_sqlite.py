@@ -73,6 +73,10 @@ async def test_read_only(database_url: str) -> None:
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             await reads.fetchval("DELETE FROM tenants", ())
         assert await reads.fetchval("SELECT 2", ()) == 2  # a new connection serves
+        assert await reads.fetchval("PRAGMA journal_mode", ()) == "wal"
+        assert await reads.fetchval("PRAGMA foreign_keys", ()) == 1
+        assert await reads.fetchval("PRAGMA busy_timeout", ()) == 1000
+        assert await reads.fetchval("PRAGMA automatic_index", ()) == 0
     finally:
         await reads.close()
 
@@ -81,7 +85,10 @@ async def test_no_connection_in_time_is_unavailable(database_url: str) -> None:
     reads = DirectSQLiteReads(
         _path(database_url), max_size=1, busy_timeout_ms=1000, acquire_timeout_s=0.05
     )
-    slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) SELECT max(i) FROM n"
+    slow = (
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000)"
+        " SELECT max(i) FROM n"
+    )
     try:
         running = asyncio.ensure_future(reads.fetchval(slow, ()))
         await asyncio.sleep(0.01)
