@@ -46,7 +46,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
+from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
 from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
@@ -153,6 +153,12 @@ _ROW_SOURCES: dict[str, Callable[[CTE], Select[Any]]] = {
         .select_from(quotas_with_offers())
         .where(booked_quotas(row.c.id, row.c.grant_tenant))
     ),
+    # Quota rows whose values read nothing of their offer: the same rows (at most one
+    # offer gives a row), without the join (about a seventh of a dashboard page's
+    # statement on SQLite).
+    "quotas_alone": lambda row: (
+        select().select_from(QuotaRow.__table__).where(booked_quotas(row.c.id, row.c.grant_tenant))
+    ),
     "capacity": lambda row: (
         select().select_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id)
     ),
@@ -190,11 +196,18 @@ def _value(field: Read, kind: str, row: CTE) -> ColumnElement[Any]:
     return _json(entry, expr)
 
 
+def _reads_offer(expr: ColumnElement[Any]) -> bool:
+    """Whether `expr` reads a column of the offers' table."""
+    offers = Offer.__table__
+    return any(isinstance(e, Column) and e.table is offers for e in iterate(expr))
+
+
 def _rows(field: Rows, row: CTE) -> ColumnElement[Any]:
     item = _fields(field.kind, field.fields, row)
-    rows: ColumnElement[Any] = JsonArray(
-        item, _ROW_SOURCES[field.kind](row), _ROW_ORDER[field.kind]
-    )
+    source: str = field.kind
+    if source == "quotas" and not _reads_offer(item):
+        source = "quotas_alone"
+    rows: ColumnElement[Any] = JsonArray(item, _ROW_SOURCES[source](row), _ROW_ORDER[field.kind])
     if field.kind == "offers":
         # Only the owner has offers to show, and only with compute:pools:share.
         rows = JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), rows)))
