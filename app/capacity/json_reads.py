@@ -473,9 +473,9 @@ async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | Non
         else:
             raw = await conn.get_raw_connection()
             driver: Any = raw.driver_connection  # asyncpg's, or aiosqlite's, Connection
-            with traced(sql):  # past SQLAlchemy's events: its span is ours
+            statement_sent()  # past SQLAlchemy's events: counted and traced here
+            with traced(sql):
                 if db.dialect == "sqlite":
-                    statement_sent()
                     rows = await driver.execute_fetchall(sql, params)
                     value = rows[0][0] if rows else None
                 else:

@@ -127,10 +127,11 @@ async def test_a_held_lock_is_unavailable(database_url: str) -> None:
 
 
 async def test_the_engine_makes_them_unless_told_not_to(database_url: str) -> None:
-    db = create_database(database_url)
+    db = create_database(database_url, Settings(db_direct_pool_size=10))
     none = create_database(database_url, Settings(db_direct_pool_size=0))
     try:
         assert db.sqlite_reads is not None and none.sqlite_reads is None
+        assert db.sqlite_reads._max_size == 4  # the reader's pool size at most
     finally:
         for each in (db, none):
             await each.dispose()
@@ -157,7 +158,7 @@ async def test_fenced_the_read_pool_answers(
         if fenced:
             monkeypatch.setattr(direct_sqlite, "problem", lambda: "moved")
         with caplog.at_level(logging.WARNING, logger="app.db.engine"):
-            app = create_app(Settings(database_url=database_url))
+            app = create_app(Settings(database_url=database_url, db_direct_pool_size=4))
         async with app.router.lifespan_context(app):
             assert (app.state.db.sqlite_reads is None) is fenced
             transport = httpx.ASGITransport(app=app)
