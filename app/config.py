@@ -166,8 +166,9 @@ class Settings(BaseSettings):
     db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
     db_direct_pool_size: int = setting(
         10,
-        "PostgreSQL connections per process for compiled reads (one statement each, no "
-        "transaction, no ping; docs/decisions/0008); opened on demand; 0: they use the pool",
+        "connections per process for compiled reads (one statement each, no transaction, "
+        "no ping; docs/decisions/0008): PostgreSQL's, and on SQLite at most 4 of their "
+        "own; opened on demand; 0: they use the pool",
     )
     db_prepared_statements_per_connection: int = setting(
         16,

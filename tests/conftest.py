@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -72,6 +73,11 @@ def plain_path_if_asked() -> None:
         if getattr(from_env, name) is False:
             Settings.model_fields[name].default = False
             changed = True
+    # BETTERCOMPUTE_DB_DIRECT_POOL_SIZE=0: the compiled reads on the engines' pools (on
+    # SQLite, the reader's instead of app/db/direct_sqlite.py's connections).
+    if "BETTERCOMPUTE_DB_DIRECT_POOL_SIZE" in os.environ:
+        Settings.model_fields["db_direct_pool_size"].default = from_env.db_direct_pool_size
+        changed = True
     if changed:
         Settings.model_rebuild(force=True)
 

@@ -29,9 +29,16 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from app.config import Settings
+from app.db import direct_sqlite
 from app.db.direct import DirectReads
-from app.db.embedded import busy_timeout_ms, connection_pragmas
+from app.db.direct_sqlite import DirectSQLiteReads
+from app.db.embedded import busy_timeout_ms, connection_pragmas, sqlite_file
 from app.db.session_statements import DriverStatements, SessionStatements, driver_statements
+
+log = logging.getLogger(__name__)
+
+# The engine's reader keeps this many SQLite connections; the direct reads at most as many.
+SQLITE_READERS = 4
 
 # What a read runs on: a connection, a unit of work's session, or its statements.
 Executor = AsyncConnection | AsyncSession | SessionStatements
@@ -88,6 +95,8 @@ class Database:
     # PostgreSQL on asyncpg (not behind PgBouncer): a unit of work's built-once Core
     # statements on its own driver connection (app/db/session_statements.py).
     driver: DriverStatements | None = None
+    # The embedded SQLite file: the compiled reads' statements, one hand-off each.
+    sqlite_reads: DirectSQLiteReads | None = None
 
     @property
     def dialect(self) -> str:
@@ -102,6 +111,8 @@ class Database:
     async def dispose(self) -> None:
         if self.direct is not None:
             await self.direct.close()
+        if self.sqlite_reads is not None:
+            await self.sqlite_reads.close()
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
@@ -131,6 +142,26 @@ def configure_sqlite(
         connection.exec_driver_sql(begin)
 
 
+def _sqlite_reads(url: str, s: Settings, busy_timeout: int) -> DirectSQLiteReads | None:
+    """The compiled reads' own connections to an SQLite file (app/db/direct_sqlite.py),
+    when aiosqlite offers what they use; else (and for memory or a URL with options)
+    they run on the reader's pool."""
+    path = sqlite_file(url)
+    size = min(s.db_direct_pool_size, SQLITE_READERS)
+    if path is None or size <= 0:
+        return None
+    try:
+        found = direct_sqlite.problem()
+    except Exception as exc:  # the check itself broke: aiosqlite moved under it
+        found = f"{type(exc).__name__}: {exc}"
+    if found is not None:
+        log.warning("direct SQLite reads cannot run (%s); the read pool serves instead", found)
+        return None
+    return DirectSQLiteReads(
+        path, max_size=size, busy_timeout_ms=busy_timeout, acquire_timeout_s=s.db_acquire_timeout_s
+    )
+
+
 def create_database(url: str, settings: Settings | None = None) -> Database:
     """The engines for `url`, sized and bounded by `settings` (its db_* fields)."""
     s = settings or Settings()
@@ -149,15 +180,15 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         )
         reader = create_async_engine(
             url,
-            pool_size=4,
-            max_overflow=4,
+            pool_size=SQLITE_READERS,
+            max_overflow=SQLITE_READERS,
             pool_timeout=s.db_acquire_timeout_s,
             hide_parameters=True,
         )
         busy_timeout = busy_timeout_ms(s.db_statement_timeout_s)
         configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout)
         configure_sqlite(reader, "BEGIN", busy_timeout)
-        return Database(url, writer, reader)
+        return Database(url, writer, reader, sqlite_reads=_sqlite_reads(url, s, busy_timeout))
     target, pgbouncer = behind_pgbouncer(url)
     statement_timeout = str(max(1, round(s.db_statement_timeout_s * 1000)))
     connect_args: dict[str, Any] = {

@@ -79,10 +79,11 @@ async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fl
     print(f"statements for pools(first: N) with quotas, capacity, offers: {counts}")
     assert counts[1] == counts[10] == counts[100], counts
     if app.state.settings.compiled_reads:
-        # The compiled statement alone, on both dialects: on PostgreSQL's direct pool, or
-        # behind PgBouncer in a transaction that begins with SET LOCAL statement_timeout
-        # (app/db/engine.py); on SQLite on the read connection, outside a transaction.
-        pooled = capacity.db.dialect == "postgresql" and capacity.db.direct is None
+        # The compiled statement alone, on both dialects: on PostgreSQL's direct pool (or
+        # its engine's connection), or behind PgBouncer in a transaction that begins with
+        # SET LOCAL statement_timeout (app/db/engine.py); on SQLite on its own
+        # connections (or the read pool's), outside a transaction.
+        pooled = capacity.db.pooled_by_transaction
         assert counts[1] == (2 if pooled else 1), counts
         # ... and it is the compiled statement that answered each page.
         assert _compiled_answers() - answered == 3, capacity.db.dialect
