@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -85,13 +86,21 @@ def _literal(value: Any) -> str:
         return str(value)
     if isinstance(value, datetime):
         return "'" + value.isoformat() + "'"
+    if isinstance(value, list) and all(isinstance(v, int | str) for v in value):
+        # An array parameter (unnest): PostgreSQL's array literal; a JSON list would not parse.
+        return "'{" + ",".join(json.dumps(v) for v in value) + "}'"
     if isinstance(value, dict | list):
         value = json.dumps(value)
     return "'" + str(value).replace("'", "''") + "'"
 
 
 async def _capture(db: Database, principal: Principal, pool_id: str, times: int) -> list[str]:
-    """The statements of one update, literal, in order; checked against pg_stat_statements."""
+    """The statements of one update, literal, in order; checked against pg_stat_statements.
+
+    Taken through SQLAlchemy's cursor events, so on a copy of `db` without the unit of
+    work's driver statements (app/db/session_statements.py sends them past those events):
+    the same statement objects, compiled by the same dialect, on the plain path."""
+    db = dataclasses.replace(db, driver=None)
     seen: list[tuple[str, Any]] = []
 
     def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -149,9 +158,10 @@ def _script(
     for statement in statements:
         s = statement.replace(f"'{pools[0]}'", choose)
         if s.startswith("INSERT INTO event_audience"):
-            s = re.sub(
-                r"VALUES \((\d+)", "VALUES (currval(pg_get_serial_sequence('events', 'seq'))", s
-            )
+            # The event's seq, as one row's VALUES or an unnest of an array of them.
+            current = "currval(pg_get_serial_sequence('events', 'seq'))"
+            s = re.sub(r"VALUES \((\d+)", f"VALUES ({current}", s)
+            s = re.sub(r"unnest\('\{\d+\}'::BIGINT\[\]\)", current, s)
         if s.startswith("INSERT INTO events") and stamp:  # occurred_at: when it was written
             s = re.sub(r"'[^']*'::TIMESTAMP WITH TIME ZONE", "clock_timestamp()", s, count=1)
         if s.startswith("INSERT INTO events") and variant != "new":
