@@ -32,6 +32,7 @@ from typing import Any, Final, TypeVarTuple, overload
 from sqlalchemy.engine import Dialect, Result
 from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.base import Executable
@@ -241,9 +242,13 @@ class SessionStatements:
 def _adapted(exc: Exception, sql: str) -> Exception:
     """asyncpg's error as SQLAlchemy's, as the plain path raises it: an integrity error
     (SQLSTATE class 23) is an IntegrityError (an idempotent create's twin, service._write),
-    any other database error a DBAPIError; the rest (a timeout, a connection lost) as is."""
+    any other database error a DBAPIError, a closed connection an InterfaceError; the rest
+    (a timeout: an OSError) as is."""
     code = getattr(exc, "sqlstate", None)
     if not isinstance(code, str):
+        if type(exc).__module__.startswith("asyncpg") and type(exc).__name__ == "InterfaceError":
+            # asyncpg's "connection is closed": SQLAlchemy's InterfaceError, UNAVAILABLE.
+            return SAInterfaceError(sql, None, exc)
         return exc
     if code.startswith("23"):
         return IntegrityError(sql, None, exc)

@@ -12,9 +12,11 @@ from app.capacity.inputs import CreatePoolInput, UpdatePoolInput
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import Database, create_database
+from app.db.errors import to_domain_error
 from app.db.models import Pool, Tenant, utcnow
 from app.db.session_statements import SessionStatements, is_orm
 from app.db.uow import UnitOfWork
+from app.errors import Unavailable
 from app.iam.callers import authenticate
 from tests.support import Fleet
 
@@ -129,3 +131,39 @@ async def test_a_pool_write_is_the_same_on_both_paths(
         assert [q.resource for q in updated.quotas] == [q.resource for q in created.quotas]
     finally:
         await db.dispose()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["driver", "plain"])
+async def test_a_connection_lost_mid_write_is_unavailable_on_both_paths(
+    database_url: str, compiled: bool, fleet: Fleet
+) -> None:
+    """A unit of work's connection closed under it answers UNAVAILABLE (a 503), not an
+    internal error, with the driver path on and off; and asyncpg's own closed-connection
+    error, as the driver path would meet it mid-statement, is UNAVAILABLE too."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the driver path is PostgreSQL's")
+    await fleet.tenant("acme")
+    db = create_database(database_url, Settings(compiled_reads=compiled))
+    try:
+        with pytest.raises(Exception) as raised:
+            async with UnitOfWork(db) as uow:
+                for _ in range(2):  # a statement's second run takes the driver path
+                    await uow.statements.execute(_NAMED, {"tenant": "acme"})
+                conn = await uow.statements.connection()
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert raw is not None
+                await raw.close()
+                await uow.statements.execute(_NAMED, {"tenant": "acme"})
+        assert isinstance(to_domain_error(raised.value), Unavailable), raised.value
+    finally:
+        await db.dispose()
+
+
+def test_asyncpgs_closed_connection_error_is_unavailable() -> None:
+    import asyncpg
+
+    from app.db.session_statements import _adapted
+
+    closed = asyncpg.InterfaceError("cannot perform operation: connection is closed")
+    assert isinstance(to_domain_error(_adapted(closed, "SELECT 1")), Unavailable)
+    assert not isinstance(to_domain_error(closed), Unavailable)  # what it was before
