@@ -126,6 +126,37 @@ async def test_a_held_lock_is_unavailable(database_url: str) -> None:
         await reads.close()
 
 
+async def test_a_wait_for_a_connection_meets_a_held_lock_once(database_url: str) -> None:
+    """A statement queued for the one connection while the one before it met a held lock
+    gives up as soon as it gets its turn (it would wait for the same lock again): both
+    UNAVAILABLE, the second without a wait of its own."""
+    reads = DirectSQLiteReads(
+        _path(database_url), max_size=1, busy_timeout_ms=300, acquire_timeout_s=10.0
+    )
+    holder = sqlite3.connect(_path(database_url), isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("UPDATE tenants SET parent_id = parent_id")
+        holder.execute("COMMIT")  # EXCLUSIVE mode: the lock stays held
+        # In order: the first takes the one slot before it first waits, the second queues.
+        queued = await asyncio.gather(
+            *(reads.fetchval("SELECT count(*) FROM tenants", ()) for _ in range(2)),
+            return_exceptions=True,
+        )
+    finally:
+        holder.close()
+    try:
+        for failed in queued:
+            assert isinstance(failed, sqlite3.OperationalError), failed
+            assert isinstance(to_domain_error(failed), Unavailable)
+        assert "met while waiting" in str(queued[1])
+        # The lock gone, the next statement waits for nothing and answers.
+        assert await reads.fetchval("SELECT count(*) > 0 FROM tenants", ()) == 1
+    finally:
+        await reads.close()
+
+
 async def test_the_engine_makes_them_unless_told_not_to(database_url: str) -> None:
     db = create_database(database_url, Settings(db_direct_pool_size=10))
     none = create_database(database_url, Settings(db_direct_pool_size=0))
