@@ -61,6 +61,21 @@ def terminate_backends(where: str) -> str:
     )
 
 
+async def hold_lock(database_url: str, statement: str) -> Callable[[], Awaitable[None]]:
+    """Run `statement` (a LOCK TABLE) in a transaction of a session of the test's own and
+    keep it open; returns what rolls it back and closes the session."""
+    session = await asyncpg.connect(postgres_dsn(database_url), timeout=10)
+    transaction = session.transaction()
+    await transaction.start()
+    await session.execute(statement)
+
+    async def release() -> None:
+        await transaction.rollback()
+        await session.close()
+
+    return release
+
+
 # --- a proxy that stops answering -------------------------------------------------------
 
 

@@ -19,14 +19,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import asyncpg
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
-from tests.db.faults import StallingSQLite, postgres_dsn
+from tests.db.faults import StallingSQLite, hold_lock
 from tests.events.conftest import served
 from tests.support import Fleet
 
@@ -59,16 +58,7 @@ async def _hold_read_lock(database_url: str, dialect: str) -> Callable[[], Await
             await stalling.close()
 
         return release_sqlite
-    session = await asyncpg.connect(postgres_dsn(database_url), timeout=10)
-    transaction = session.transaction()
-    await transaction.start()
-    await session.execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE")
-
-    async def release_postgres() -> None:
-        await transaction.rollback()
-        await session.close()
-
-    return release_postgres
+    return await hold_lock(database_url, "LOCK TABLE pools IN ACCESS EXCLUSIVE MODE")
 
 
 @pytest.mark.parametrize("direct_pool", [4, 0], ids=["own-connections", "engine-pool"])
@@ -108,10 +98,10 @@ async def test_a_compiled_read_meeting_a_held_lock_is_503_at_once(
             for name, (transport, call) in calls.items():
                 for _ in range(2):
                     assert (await call()).status_code == 200
-                answered, sent = _compiled("answered"), _statements(transport)
+                answered, before = _compiled("answered"), _statements(transport)
                 assert (await call()).status_code == 200
                 assert _compiled("answered") == answered + 1, name
-                answered_statements[name] = _statements(transport) - sent
+                answered_statements[name] = _statements(transport) - before
 
             release = await _hold_read_lock(database_url, dialect)
             try:
