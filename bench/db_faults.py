@@ -1,10 +1,11 @@
 """Benchmark: what clients see during database outages, and how fast the service recovers.
 
-    .venv/bin/python -m bench.db_faults [--seconds 10] [--clients 8]
+    .venv/bin/python -m bench.db_faults [--seconds 10] [--clients 8] [--dialect sqlite]
 
 Runs one real `bettercompute serve` process (its settings from the environment, so
 BETTERCOMPUTE_DB_* bounds apply) on a private PostgreSQL server of its own, reached
-through a TCP proxy, as a non-superuser role. Clients call REST (`pools/list`) and
+through a TCP proxy, as a non-superuser role (`--dialect sqlite`: on an SQLite file of
+its own, the embedded default). Clients call REST (`pools/list`) and
 GraphQL (`pools`) in a loop, half each. Beside them, the compiled reads and their plain
 twins: GraphQL `pools` and REST `pools/get`, two clients each, on that process (compiled,
 unless the environment switches BETTERCOMPUTE_COMPILED_READS off) and on a second
@@ -16,6 +17,10 @@ Each fault is held `--seconds`:
 3. a database that stops answering: the proxy forwards nothing (connections hang);
 4. 57P03: a smart shutdown waiting on one session, the service's sessions ended; then
    the server stops and starts again.
+
+On SQLite one fault: the file stops answering, another process holding its WAL index's
+read locks (tests/db/faults.py `StallingSQLite`; SQLite gives each transaction up after
+about 10 s of its own retries).
 
 For each: answers by HTTP status received during the fault, the slowest
 request that was waiting at some point of it, and the time from the fault ending to
@@ -30,9 +35,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -40,7 +46,14 @@ import httpx
 
 from app.db.engine import create_database
 from app.db.migrate import upgrade
-from tests.db.faults import Call, Load, PrivatePostgres, StallingProxy, private_postgres
+from tests.db.faults import (
+    Call,
+    Load,
+    PrivatePostgres,
+    StallingProxy,
+    StallingSQLite,
+    private_postgres,
+)
 from tests.db.faults import terminate_backends as ending
 from tests.events.processes import bettercompute_serve
 from tests.support import Fleet
@@ -48,12 +61,13 @@ from tests.support import Fleet
 ROLE = "bettercompute"
 LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
 Step = Callable[[], Awaitable[None]]
+Fault = tuple[str, Step, Step]  # name, cause, heal
 
 
-async def _seed(server: PrivatePostgres) -> tuple[str, str, str]:
+async def _seed(url: str) -> tuple[str, str, str]:
     """A viewer's token (every load's), an admin's (it creates the pool `pools/get`
     reads) and a site for that pool."""
-    db = create_database(server.url("bc"))
+    db = create_database(url)
     try:
         fleet = Fleet(db)
         await fleet.tenant("acme")
@@ -121,36 +135,110 @@ async def _outage(
 
 
 async def run(args: argparse.Namespace) -> None:
+    if args.dialect == "sqlite":
+        await _run_sqlite(args)
+        return
     async with private_postgres() as server:
         await server.execute(f"CREATE ROLE {ROLE} LOGIN")
         await server.execute(f"CREATE DATABASE bc OWNER {ROLE}")
         await upgrade(server.url("bc", user=ROLE))
-        token, admin, site = await _seed(server)
+        token, admin, site = await _seed(server.url("bc"))
         proxy = StallingProxy("127.0.0.1", server.port)
         await proxy.start()
         url = f"postgresql+asyncpg://{ROLE}@127.0.0.1:{proxy.port}/bc"
         try:
-            async with (
-                bettercompute_serve(BETTERCOMPUTE_DATABASE_URL=url) as served,
-                bettercompute_serve(
-                    BETTERCOMPUTE_DATABASE_URL=url, BETTERCOMPUTE_COMPILED_READS="false"
-                ) as twin,
-                httpx.AsyncClient(base_url=f"http://{served.address}", timeout=300) as client,
-                httpx.AsyncClient(base_url=f"http://{twin.address}", timeout=300) as plain,
-            ):
-                await _measure(args, server, proxy, client, plain, token, (admin, site))
+            async with _served(url) as (client, plain):
+                faults = _postgres_faults(server, proxy)
+                await _measure(args, client, plain, token, (admin, site), faults)
         finally:
             await proxy.close()
 
 
+async def _run_sqlite(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-db-faults-") as directory:
+        path = f"{directory}/bc.db"
+        url = f"sqlite+aiosqlite:///{path}"
+        await upgrade(url)
+        token, admin, site = await _seed(url)
+        stalling = StallingSQLite(path)
+        try:
+            async with _served(url) as (client, plain):
+                await stalling.start()  # the file is open in WAL mode by now
+                fault = ("file stops answering (WAL locks)", stalling.stall, stalling.resume)
+                await _measure(args, client, plain, token, (admin, site), [fault])
+        finally:
+            await stalling.close()
+
+
+@contextlib.asynccontextmanager
+async def _served(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """The service on `url` (compiled reads as the environment says) and its plain twin
+    (BETTERCOMPUTE_COMPILED_READS=false), a client for each."""
+    async with (
+        bettercompute_serve(BETTERCOMPUTE_DATABASE_URL=url) as served,
+        bettercompute_serve(
+            BETTERCOMPUTE_DATABASE_URL=url, BETTERCOMPUTE_COMPILED_READS="false"
+        ) as twin,
+        httpx.AsyncClient(base_url=f"http://{served.address}", timeout=300) as client,
+        httpx.AsyncClient(base_url=f"http://{twin.address}", timeout=300) as plain,
+    ):
+        yield client, plain
+
+
+def _postgres_faults(server: PrivatePostgres, proxy: StallingProxy) -> list[Fault]:
+    held: list[Any] = []
+
+    async def superuser(*statements: str) -> None:
+        connection = await asyncpg.connect(server.dsn(), timeout=10)
+        try:
+            for statement in statements:
+                await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    async def smart_shutdown() -> None:
+        held.append(await asyncpg.connect(server.dsn(), timeout=10))
+        await server.stop("smart", wait=False)
+        await held[0].execute(ending("datname = 'bc'"))
+
+    async def restart() -> None:
+        await held.pop().close()
+        await server.wait_stopped()
+        await server.start()
+
+    async def stall() -> None:
+        proxy.stall()
+
+    async def resume() -> None:
+        proxy.resume()
+
+    return [
+        (
+            "55000 not accepting connections",
+            lambda: superuser(
+                "ALTER DATABASE bc ALLOW_CONNECTIONS false", ending("datname = 'bc'")
+            ),
+            lambda: superuser("ALTER DATABASE bc ALLOW_CONNECTIONS true"),
+        ),
+        (
+            "53300 too many connections",
+            lambda: superuser(
+                f"ALTER ROLE {ROLE} CONNECTION LIMIT 0", ending(f"usename = '{ROLE}'")
+            ),
+            lambda: superuser(f"ALTER ROLE {ROLE} CONNECTION LIMIT -1"),
+        ),
+        ("database stops answering", stall, resume),
+        ("57P03 shutdown, down, restart", smart_shutdown, restart),
+    ]
+
+
 async def _measure(
     args: argparse.Namespace,
-    server: PrivatePostgres,
-    proxy: StallingProxy,
     client: httpx.AsyncClient,
     plain: httpx.AsyncClient,
     token: str,
     pool_maker: tuple[str, str],
+    faults: list[Fault],
 ) -> None:
     headers = {"authorization": f"Bearer {token}"}
     admin, site = pool_maker
@@ -179,50 +267,6 @@ async def _measure(
         return client.post("/graphql", json={"query": LIST_POOLS}, headers=headers)
 
     half = max(1, args.clients // 2)
-    held: list[Any] = []
-
-    async def superuser(*statements: str) -> None:
-        connection = await asyncpg.connect(server.dsn(), timeout=10)
-        try:
-            for statement in statements:
-                await connection.execute(statement)
-        finally:
-            await connection.close()
-
-    async def smart_shutdown() -> None:
-        held.append(await asyncpg.connect(server.dsn(), timeout=10))
-        await server.stop("smart", wait=False)
-        await held[0].execute(ending("datname = 'bc'"))
-
-    async def restart() -> None:
-        await held.pop().close()
-        await server.wait_stopped()
-        await server.start()
-
-    async def stall() -> None:
-        proxy.stall()
-
-    async def resume() -> None:
-        proxy.resume()
-
-    faults: list[tuple[str, Step, Step]] = [
-        (
-            "55000 not accepting connections",
-            lambda: superuser(
-                "ALTER DATABASE bc ALLOW_CONNECTIONS false", ending("datname = 'bc'")
-            ),
-            lambda: superuser("ALTER DATABASE bc ALLOW_CONNECTIONS true"),
-        ),
-        (
-            "53300 too many connections",
-            lambda: superuser(
-                f"ALTER ROLE {ROLE} CONNECTION LIMIT 0", ending(f"usename = '{ROLE}'")
-            ),
-            lambda: superuser(f"ALTER ROLE {ROLE} CONNECTION LIMIT -1"),
-        ),
-        ("database stops answering", stall, resume),
-        ("57P03 shutdown, down, restart", smart_shutdown, restart),
-    ]
     (fast_pools, fast_get), (plain_pools, plain_get) = twin_calls(client), twin_calls(plain)
     twins = {
         "graphql pools (compiled)": Load(fast_pools, clients=2),
@@ -253,6 +297,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each fault lasts")
     parser.add_argument("--clients", type=int, default=8, help="clients calling in a loop")
     parser.add_argument("--only", default="", help="run the faults whose name contains this")
+    parser.add_argument(
+        "--dialect", choices=("postgresql", "sqlite"), default="postgresql", help="the store"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

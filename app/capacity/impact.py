@@ -1,55 +1,79 @@
 """Dry runs of unoffer and archive: what the call would change, computed under the same
-lock and after the same checks as the real call, writing nothing (CONTRACT section 10)."""
+lock and after the same checks as the real call, writing nothing (CONTRACT section 10).
+
+A call is described by the offers it ends (`ends`, a condition on an offer's tenant, as
+the real call deletes them: app/capacity/offers.py) and, for archive, the pool's state
+after it. Who loses sight of the pool is who sees it now less who would see it then,
+both by the read rules (app/capacity/read_rules.py: `granted_tenants`, the grant read
+from the authz rows down, and `pool_seen_by`), over the authz rows the call keeps; the
+quota rows kept are those the ended offers give (`quota_offer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, Select, SQLColumnExpression, except_, not_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.access import LockedPool, reads_offers
 from app.capacity.bounds import MAX_IMPACT_ITEMS
+from app.capacity.read_rules import granted_tenants, pool_seen_by, quota_offer
 from app.capacity.reads import reservation_view
 from app.capacity.views import ImpactView
-from app.db.models import AuthzRow, Offer, Pool, QuotaRow, Reservation, Tenant
+from app.db.models import AuthzRow, Offer, Pool, QuotaRow, Reservation
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
 
-
-async def _descendants(session: AsyncSession, roots: Iterable[str]) -> set[str]:
-    roots = list(roots)
-    if not roots:
-        return set()
-    tree = select(Tenant.id).where(Tenant.parent_id.in_(roots)).cte("tree", recursive=True)
-    tree = tree.union_all(select(Tenant.id).join(tree, Tenant.parent_id == tree.c.id))
-    return set((await session.execute(select(tree.c.id))).scalars())
+# Which offers a call ends, as a condition on the offer's (or its authz row's) tenant.
+Ends = Callable[[SQLColumnExpression[str]], ColumnElement[bool]]
 
 
-async def _seeing(session: AsyncSession, offers: Mapping[str, bool]) -> set[str]:
-    """Every tenant that sees a (non-archived) pool with these offers: {tenant:
-    includeDescendants}: the offered tenants and the descendants their offers reach."""
-    reached = await _descendants(session, [t for t, desc in offers.items() if desc])
-    return set(offers) | reached
+def _seeing(
+    pool_id: str, rows: ColumnElement[bool], archived: ColumnElement[bool] | None, name: str
+) -> Select[tuple[str]]:
+    """The tenants that see the pool through its authz rows matching `rows`, the pool
+    archived or not as `archived` says (None: as it is)."""
+    granted = granted_tenants(AuthzRow.pool_id == pool_id, rows, name=name)
+    return (
+        select(granted.c.id)
+        .join(Pool.__table__, Pool.id == granted.c.pool_id)
+        .where(pool_seen_by(granted.c.id, archived))
+    )
+
+
+async def _losing(
+    session: AsyncSession, pool_id: str, ends: Ends, archived: ColumnElement[bool] | None
+) -> list[str]:
+    """Who sees the pool now and would not once the call has ended its offers."""
+    before = _seeing(pool_id, true(), None, "granted_before")
+    after = _seeing(pool_id, not_(ends(AuthzRow.tenant_id)), archived, "granted_after")
+    lost = except_(before, after).subquery("lost")
+    return list((await session.execute(select(lost.c.id).order_by(lost.c.id))).scalars())
 
 
 async def _impact(
     session: AsyncSession,
     principal: Principal,
     pool: Pool | LockedPool,
-    ended: list[str],
-    remaining: Mapping[str, bool],
+    ends: Ends,
     *,
+    archived: ColumnElement[bool] | None,
     every_reservation: bool,
 ) -> ImpactView:
-    offers = {
-        o.tenant_id: o.include_descendants
-        for o in (await session.execute(select(Offer).where(Offer.pool_id == pool.id))).scalars()
-    }
-    losing = sorted(await _seeing(session, offers) - await _seeing(session, remaining))
+    ended = list(
+        (
+            await session.execute(
+                select(Offer.tenant_id)
+                .where(Offer.pool_id == pool.id, ends(Offer.tenant_id))
+                .order_by(Offer.tenant_id)
+            )
+        ).scalars()
+    )
+    losing = await _losing(session, pool.id, ends, archived)
     rows = await session.execute(
         select(QuotaRow.tenant_id, QuotaRow.resource, QuotaRow.used)
-        .where(QuotaRow.pool_id == pool.id, QuotaRow.tenant_id.in_(ended))
+        .join_from(QuotaRow, Offer, quota_offer())
+        .where(Offer.pool_id == pool.id, ends(Offer.tenant_id))
         .order_by(QuotaRow.tenant_id, QuotaRow.resource)
     )
     kept: dict[str, dict[str, int]] = {t: {} for t in ended}
@@ -86,20 +110,22 @@ async def _impact(
 async def unoffer_impact(
     session: AsyncSession, principal: Principal, pool: Pool | LockedPool, tenant_id: str
 ) -> ImpactView:
-    offers = (await session.execute(select(Offer).where(Offer.pool_id == pool.id))).scalars()
-    remaining = {o.tenant_id: o.include_descendants for o in offers if o.tenant_id != tenant_id}
-    ended = [tenant_id] if await session.get(Offer, (pool.id, tenant_id)) else []
-    return await _impact(session, principal, pool, ended, remaining, every_reservation=False)
+    """The tenant's offer ends (if it has one)."""
+
+    def ends(tenant: SQLColumnExpression[str]) -> ColumnElement[bool]:
+        return tenant == tenant_id
+
+    return await _impact(session, principal, pool, ends, archived=None, every_reservation=False)
 
 
 async def archive_impact(
     session: AsyncSession, principal: Principal, pool: Pool | LockedPool
 ) -> ImpactView:
+    """Every offer but the owner's ends, and the pool is archived: seen by its owner only."""
     if pool.archived:  # archiving again changes nothing
         return ImpactView((), {}, (), ())
-    offers = (await session.execute(select(Offer).where(Offer.pool_id == pool.id))).scalars()
-    ended = [o.tenant_id for o in offers if o.tenant_id != pool.tenant_id]
-    # Once archived only the owner sees the pool (its descendants included, whatever its
-    # own offer says).
-    remaining = {pool.tenant_id: False}
-    return await _impact(session, principal, pool, ended, remaining, every_reservation=True)
+
+    def ends(tenant: SQLColumnExpression[str]) -> ColumnElement[bool]:
+        return tenant != pool.tenant_id
+
+    return await _impact(session, principal, pool, ends, archived=true(), every_reservation=True)

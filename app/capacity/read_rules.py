@@ -9,6 +9,8 @@ are all built from these objects; none of the rules is written again as SQL text
   an ancestor's with includeDescendants), and `nearest_grants` (`nearest_grant_tenant`
   for one pool): the one among them that grants it (the own row first, else the nearest
   ancestor's);
+- `granted_tenants`: the same grant read from the rows down, the tenants a pool's authz
+  rows grant it to (what a dry run compares before and after, app/capacity/impact.py);
 - `pool_seen_by`: archived pools are seen by their owner only;
 - `booked_quotas`: the quota rows a viewer books against (the grant tenant's rows),
   `quota_offer`: the offer that gives a quota row (seen from an offer: its rows), and
@@ -31,6 +33,7 @@ from sqlalchemy import (
     Select,
     and_,
     exists,
+    false,
     func,
     literal_column,
     or_,
@@ -56,12 +59,19 @@ def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE
     return chain.union_all(parent)
 
 
-def grant_clause(own: ColumnElement[bool], inherited: ColumnElement[bool] | None) -> Any:
+def grant_clause(
+    own: ColumnElement[bool],
+    inherited: ColumnElement[bool] | None,
+    includes: ColumnElement[bool] | None = None,
+) -> Any:
     """The authz rows that let a tenant see a pool: its own (`own` says which rows are),
-    or an ancestor's (`inherited`) that includes descendants; None: it has no ancestors."""
+    or an ancestor's (`inherited`) that includes descendants; None: it has no ancestors.
+    `includes` is the row's includeDescendants where it is carried apart from the row
+    (`granted_tenants`' walk); the row's own column otherwise."""
     if inherited is None:
         return own
-    return or_(own, and_(inherited, AuthzRow.include_descendants))
+    flag = AuthzRow.include_descendants if includes is None else includes
+    return or_(own, and_(inherited, flag))
 
 
 def granting(lineage: CTE) -> ColumnElement[bool]:
@@ -95,9 +105,32 @@ def nearest_grant_tenant(lineage: CTE, pool_id: str | ColumnElement[str]) -> Sca
     return select(nearest.c.grant_tenant).scalar_subquery()
 
 
-def pool_seen_by(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
-    """Among granted pools, the archived ones are seen by their owner only."""
-    return or_(Pool.archived.is_(False), Pool.tenant_id == tenant_id)
+def granted_tenants(*rows: ColumnElement[bool], name: str = "granted") -> CTE:
+    """(pool_id, id) of every tenant that the authz rows matching `rows` grant their pool
+    to: `grant_clause` read from the row down, the tenants whose lineage `granting` finds
+    the row in. The row's own tenant, and each tenant below one already granted, as an
+    ancestor's row grants it (not its own, inherited: when the row includes
+    descendants). A tenant granted by several rows is listed once per row."""
+    own = select(
+        AuthzRow.pool_id,
+        AuthzRow.tenant_id.label("id"),
+        AuthzRow.include_descendants.label("includes"),
+    ).where(*rows)
+    tree = own.cte(name, recursive=True)
+    below = select(tree.c.pool_id, Tenant.id, tree.c.includes).join(
+        tree,
+        and_(Tenant.parent_id == tree.c.id, grant_clause(false(), true(), tree.c.includes)),
+    )
+    return tree.union_all(below)
+
+
+def pool_seen_by(
+    tenant_id: str | ColumnElement[str], archived: ColumnElement[bool] | None = None
+) -> ColumnElement[bool]:
+    """Among granted pools, the archived ones are seen by their owner only. `archived`:
+    the pool's state where it is not the stored one (a dry run's after)."""
+    state = Pool.archived if archived is None else archived
+    return or_(state.is_(False), Pool.tenant_id == tenant_id)
 
 
 def quota_offer() -> ColumnElement[bool]:

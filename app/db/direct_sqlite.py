@@ -14,7 +14,10 @@ connections wait for a lock too), read-only, and without automatic indexes
 (`_READER_PRAGMAS`). Bounded like the engine's reader: at most `max_size` connections,
 opened on first use and kept; a statement waits at most `acquire_timeout_s` for one
 (TimeoutError: UNAVAILABLE, app/db/errors.py, as the engine's pool timeout is); a lock
-held past the busy timeout is "database is locked", UNAVAILABLE too. A connection whose
+held past the busy timeout is "database is locked", UNAVAILABLE too, and so is a wait for
+a connection during which another statement met such a lock: it would wait for the same
+lock again (under a stalled file, requests queued behind the lent connections waited
+twice). A connection whose
 statement failed otherwise (or was cancelled) is closed, not lent again. Closed on
 shutdown (`Database.dispose`).
 
@@ -45,6 +48,10 @@ if TYPE_CHECKING:
 # (half of a one-pool REST read) and take for large enough to scan every authz row by it
 # rather than search the lineage's own (a dashboard page).
 _READER_PRAGMAS = ("PRAGMA query_only=ON", "PRAGMA automatic_index=OFF")
+# A lock waited for past its bound: the busy timeout ("locked", "busy"), or a WAL read lock
+# another process held through SQLite's own retries ("locking protocol", about 10 s).
+# The connection itself is fine.
+_LOCK_WAITS = ("locked", "busy", "locking protocol")
 
 
 def problem() -> str | None:
@@ -82,6 +89,9 @@ class DirectSQLiteReads:
         self._open: set[aiosqlite.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
+        # Statements that met a lock wait so far: one that waited for a connection while
+        # another met it gives up at once rather than wait for the same lock again.
+        self._lock_waits = 0
 
     @property
     def connections(self) -> int:
@@ -106,19 +116,32 @@ class DirectSQLiteReads:
         if self._closed:
             raise sqlite3.OperationalError("unable to open: the direct reads are closed")
         if self._slots.locked():  # all lent: wait for one, bounded
+            seen = self._lock_waits
             async with asyncio.timeout(self._acquire_timeout_s):
                 await self._slots.acquire()
+            if self._lock_waits != seen:
+                self._slots.release()
+                raise sqlite3.OperationalError("database is locked (met while waiting)")
         else:
             await self._slots.acquire()  # free now: no timer to arm
         try:
             if self._idle:
                 return self._idle.pop()
             conn = await self._connect()
-        except BaseException:
+        except BaseException as exc:
+            self._met_lock(exc)
             self._slots.release()
             raise
         self._open.add(conn)
         return conn
+
+    def _met_lock(self, exc: BaseException) -> bool:
+        """Whether `exc` is a lock waited for past its bound (counted, for the waiters)."""
+        met = isinstance(exc, sqlite3.OperationalError) and any(
+            wait in str(exc).lower() for wait in _LOCK_WAITS
+        )
+        self._lock_waits += met
+        return met
 
     async def _release(self, conn: aiosqlite.Connection) -> None:
         if self._closed:  # lent when the reads were closed: closed now
@@ -141,7 +164,7 @@ class DirectSQLiteReads:
             with traced(sql):
                 rows = await conn.execute_fetchall(sql, params)
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc).lower() or "busy" in str(exc).lower():
+            if self._met_lock(exc):
                 await self._release(conn)  # the connection is fine: the lock was held too long
             else:
                 await self._discard(conn)

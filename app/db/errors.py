@@ -21,8 +21,16 @@ RETRY_AFTER_S: Final = 2
 # bound (asyncpg's `timeout`, `command_timeout`) that ran out.
 _UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, ConnectionError, OSError)
 # SQLite reports its own bugs (no such table, syntax) as OperationalError too; only these
-# mean the file is out of reach for now.
-_SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly")
+# mean the file is out of reach for now. "locking protocol" (SQLITE_PROTOCOL): a WAL read
+# lock that another process held through SQLite's own retries (about 10 s).
+_SQLITE_UNAVAILABLE = (
+    "locked",
+    "busy",
+    "unable to open",
+    "disk i/o",
+    "readonly",
+    "locking protocol",
+)
 
 # PostgreSQL refusing or dropping connections, by SQLSTATE: asyncpg raises these as
 # plain PostgresError subclasses, which SQLAlchemy wraps in a bare DBAPIError.

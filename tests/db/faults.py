@@ -14,6 +14,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -58,6 +59,21 @@ def terminate_backends(where: str) -> str:
         "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
         f"WHERE {where} AND pid <> pg_backend_pid()"
     )
+
+
+async def hold_lock(database_url: str, statement: str) -> Callable[[], Awaitable[None]]:
+    """Run `statement` (a LOCK TABLE) in a transaction of a session of the test's own and
+    keep it open; returns what rolls it back and closes the session."""
+    session = await asyncpg.connect(postgres_dsn(database_url), timeout=10)
+    transaction = session.transaction()
+    await transaction.start()
+    await session.execute(statement)
+
+    async def release() -> None:
+        await transaction.rollback()
+        await session.close()
+
+    return release
 
 
 # --- a proxy that stops answering -------------------------------------------------------
@@ -119,6 +135,67 @@ class StallingProxy:
                 await writer.drain()
         finally:
             writer.close()
+
+
+# --- a SQLite file that stops answering --------------------------------------------------
+
+# Run in a process of its own (POSIX record locks never conflict within one process): on
+# "stall", take SQLite's WAL-index read locks, bytes 123-127 of the -shm file, exclusively
+# (waiting for readers in flight); on "resume", release them; exit at end of input.
+_WAL_LOCKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1] + "-shm", os.O_RDWR)
+for line in sys.stdin:
+    for byte in range(123, 128):
+        fcntl.lockf(fd, fcntl.LOCK_EX if line.strip() == "stall" else fcntl.LOCK_UN, 1, byte)
+    print("done", flush=True)
+"""
+
+
+class StallingSQLite:
+    """Another process that, on `stall()`, holds every read lock of a WAL-mode SQLite
+    file's shared index, as SQLite's own locking protocol takes them (a process stopped
+    mid-checkpoint or hung on a stalled disk holds them alike): from then on no new read
+    or write transaction begins. A reader retries inside SQLite for about 10 s, whatever
+    its busy timeout, and gives up with SQLITE_PROTOCOL ("locking protocol"); readers
+    already reading finish. `resume()` releases them. The file must be open in WAL mode
+    (its -shm file there) when it starts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WAL_LOCKER,
+            self.path,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+
+    async def _tell(self, what: str) -> None:
+        assert self._process is not None and self._process.stdin and self._process.stdout
+        self._process.stdin.write(f"{what}\n".encode())
+        await self._process.stdin.drain()
+        async with asyncio.timeout(30):
+            if (await self._process.stdout.readline()).strip() != b"done":
+                raise RuntimeError(f"the SQLite lock holder did not {what}")
+
+    async def stall(self) -> None:
+        await self._tell("stall")
+
+    async def resume(self) -> None:
+        await self._tell("resume")
+
+    async def close(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            assert process.stdin is not None
+            process.stdin.close()  # its locks go with it
+            async with asyncio.timeout(30):
+                await process.wait()
 
 
 # --- a private PostgreSQL server ---------------------------------------------------------

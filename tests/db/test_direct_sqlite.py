@@ -29,6 +29,17 @@ def _path(url: str) -> str:
     return make_url(url).database or ""
 
 
+def _exclusive_holder(path: str) -> sqlite3.Connection:
+    """A connection holding the file's exclusive lock until it is closed (EXCLUSIVE
+    locking mode: the lock a write took stays held); before any other connection opens."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE tenants SET parent_id = parent_id")
+    holder.execute("COMMIT")
+    return holder
+
+
 def _threads() -> int:
     return threading.active_count()
 
@@ -107,12 +118,8 @@ async def test_a_held_lock_is_unavailable(database_url: str) -> None:
     reads = DirectSQLiteReads(
         _path(database_url), max_size=1, busy_timeout_ms=100, acquire_timeout_s=1.0
     )
-    holder = sqlite3.connect(_path(database_url), isolation_level=None)
+    holder = _exclusive_holder(_path(database_url))
     try:
-        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-        holder.execute("BEGIN EXCLUSIVE")
-        holder.execute("UPDATE tenants SET parent_id = parent_id")
-        holder.execute("COMMIT")  # EXCLUSIVE mode: the lock stays held
         with pytest.raises(sqlite3.OperationalError) as locked:
             await reads.fetchval("SELECT count(*) FROM tenants", ())
         assert connection_fault(locked.value)
@@ -122,6 +129,33 @@ async def test_a_held_lock_is_unavailable(database_url: str) -> None:
     try:
         assert await reads.fetchval("SELECT count(*) > 0 FROM tenants", ()) == 1
         assert reads.connections == 1  # kept: the connection was fine
+    finally:
+        await reads.close()
+
+
+async def test_a_wait_for_a_connection_meets_a_held_lock_once(database_url: str) -> None:
+    """A statement queued for the one connection while the one before it met a held lock
+    gives up as soon as it gets its turn (it would wait for the same lock again): both
+    UNAVAILABLE, the second without a wait of its own."""
+    reads = DirectSQLiteReads(
+        _path(database_url), max_size=1, busy_timeout_ms=300, acquire_timeout_s=10.0
+    )
+    holder = _exclusive_holder(_path(database_url))
+    try:
+        # In order: the first takes the one slot before it first waits, the second queues.
+        queued = await asyncio.gather(
+            *(reads.fetchval("SELECT count(*) FROM tenants", ()) for _ in range(2)),
+            return_exceptions=True,
+        )
+    finally:
+        holder.close()
+    try:
+        for failed in queued:
+            assert isinstance(failed, sqlite3.OperationalError), failed
+            assert isinstance(to_domain_error(failed), Unavailable)
+        assert "met while waiting" in str(queued[1])
+        # The lock gone, the next statement waits for nothing and answers.
+        assert await reads.fetchval("SELECT count(*) > 0 FROM tenants", ()) == 1
     finally:
         await reads.close()
 

@@ -15,14 +15,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
 from app.db.engine import Database
-from tests.db.faults import Load, StallingProxy, postgres_dsn, report, wait_for
+from tests.db.faults import Load, StallingProxy, hold_lock, report, wait_for
 from tests.events.brokers import PrivateRedis
 from tests.events.conftest import running
 from tests.events.processes import bettercompute_serve
@@ -196,16 +195,7 @@ async def _hold_write_lock(database_url: str, dialect: str) -> Callable[[], Awai
             connection.close()
 
         return release_sqlite
-    session = await asyncpg.connect(postgres_dsn(database_url), timeout=10)
-    transaction = session.transaction()
-    await transaction.start()
-    await session.execute("LOCK TABLE quota_rows IN EXCLUSIVE MODE")
-
-    async def release_postgres() -> None:
-        await transaction.rollback()
-        await session.close()
-
-    return release_postgres
+    return await hold_lock(database_url, "LOCK TABLE quota_rows IN EXCLUSIVE MODE")
 
 
 async def test_readyz_reports_the_broker_and_healthz_does_not(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from app.capacity.bounds import MAX_IMPACT_ITEMS
 from app.db.engine import Database
 from tests.rest.pool_calls import row_counts
@@ -201,3 +203,59 @@ async def test_an_impact_lists_at_most_its_bound_and_says_it_was_cut(
     await api.ok(s.token, "reservations/release", {"tenantId": s.owner, "reservationId": listed[0]})
     impact = (await api.ok(s.token, "pools/archive", body))["impact"]
     assert len(impact["reservations"]) == MAX_IMPACT_ITEMS and impact["truncated"] is False
+
+
+# Three lineages, four generations in the guests' (g > g.1 > g.1.1 > g.1.1.1), and the
+# owner's subtree (acme > acme.1 > acme.1.1), which sees the pool through the owner's own
+# offer with includeDescendants until the archive.
+LINEAGES = {
+    "acme.1": "acme",
+    "acme.1.1": "acme.1",
+    "g": None,
+    "g.1": "g",
+    "g.1.1": "g.1",
+    "g.1.1.1": "g.1.1",
+    "g.2": "g",
+    "h": None,
+    "h.1": "h",
+}
+
+
+@pytest.mark.parametrize("descendants", [True, False], ids=["descendants", "alone"])
+async def test_a_dry_run_predicts_who_loses_sight_over_deep_lineages(
+    api: Api, fleet: Fleet, descendants: bool
+) -> None:
+    """For each call in turn (unoffer the middle of a lineage, unoffer a root whose offer
+    includes descendants, then archive), the dry run's tenantsLosingAccess is exactly who
+    saw the pool before the real call and does not after, asked of every tenant by its own
+    `pools/get`; and its offersEnded the offers that went."""
+    s = await Scene.start(api, fleet)
+    tokens = {"acme": s.token}
+    for tenant, parent in LINEAGES.items():
+        tokens[tenant] = await s.guest(tenant, parent=parent)
+    pool_id = (await s.pool())["id"]
+    await s.offer(pool_id, "acme", {"gpu": 8}, includeDescendants=True)
+    await s.offer(pool_id, "g", {"gpu": 1}, includeDescendants=not descendants)
+    await s.offer(pool_id, "g.1", {"gpu": 2}, includeDescendants=descendants)
+    await s.offer(pool_id, "g.1.1.1", {"gpu": 1})
+    await s.offer(pool_id, "h", {"gpu": 1}, includeDescendants=True)
+
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("pools/unoffer", {"toTenantId": "g.1"}),
+        ("pools/unoffer", {"toTenantId": "h"}),
+        ("pools/unoffer", {"toTenantId": "h"}),  # nothing left to end
+        ("pools/archive", {}),
+    ]
+    for method, fields in calls:
+        body = s.body(pool_id, **fields)
+        impact = (await api.ok(s.token, method, {**body, "dryRun": True}))["impact"]
+        offered = {o["tenantId"] for o in (await s.get(pool_id))["offers"]}
+        before = await _who_sees(s, pool_id, tokens)
+        await api.ok(s.token, method, body)
+        after = await _who_sees(s, pool_id, tokens)
+        assert impact["tenantsLosingAccess"] == sorted(before - after), (method, fields)
+        assert set(after) <= set(before)
+        gone = offered - {o["tenantId"] for o in (await s.get(pool_id))["offers"]}
+        assert impact["offersEnded"] == sorted(gone), (method, fields)
+    # The cases the lineages were built for, seen through the calls above.
+    assert after == {"acme"}

@@ -62,6 +62,7 @@ def test_sqlite_bugs_are_internal_and_a_locked_file_is_unavailable() -> None:
     assert to_domain_error(sqlite_error("no such table: pools")).code == "INTERNAL"
     assert to_domain_error(sqlite_error("database is locked")).code == "UNAVAILABLE"
     assert to_domain_error(sqlite_error("unable to open database file")).code == "UNAVAILABLE"
+    assert to_domain_error(sqlite_error("locking protocol")).code == "UNAVAILABLE"
 
 
 LIMIT = 1_048_576  # the default BETTERCOMPUTE_MAX_BODY_BYTES
