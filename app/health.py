@@ -30,8 +30,8 @@ Check = Literal["ok", "unavailable"]
 
 
 async def database_check(db: Database, timeout_s: float) -> Check:
-    """The reader answers `SELECT 1` within `timeout_s` (pool wait included). It uses the
-    pool, so readiness costs no connection beyond the process's budget.
+    """The reader answers its probe (`_PROBES`) within `timeout_s` (pool wait included).
+    It uses the pool, so readiness costs no connection beyond the process's budget.
 
     The check runs as its own task and is not waited for past the bound: cancelling it
     would wait for SQLAlchemy to close the connection (up to 2 s against a server that
@@ -52,9 +52,15 @@ async def database_check(db: Database, timeout_s: float) -> Check:
 _running: dict[Database, asyncio.Future[None]] = {}  # the check in flight per database
 
 
+# What proves the store answers. SQLite's `SELECT 1` never opens the file: under a stalled
+# file (another process holding the WAL index's read locks) it answered while every read
+# failed. Reading the schema begins a read transaction on the file, as every read does.
+_PROBES = {"sqlite": "SELECT count(*) FROM sqlite_master"}
+
+
 async def _select_one(db: Database) -> None:
     async with db.reader.connect() as connection:
-        await connection.exec_driver_sql("SELECT 1")
+        await connection.exec_driver_sql(_PROBES.get(db.dialect, "SELECT 1"))
 
 
 def _finished(db: Database, check: asyncio.Future[None]) -> None:
