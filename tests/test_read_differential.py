@@ -1,6 +1,7 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
-every read the compiled path may answer (GraphQL `pools` and `pool`, REST `pools/get` and
-`pools/list`) answers exactly as the plain path answers it, on both dialects.
+every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas` and `capacity`,
+REST `pools/get`, `pools/list` and `pools/capacity`) answers exactly as the plain path
+answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -332,20 +333,29 @@ class _Enough(Exception):
 # --- the requests ----------------------------------------------------------------------
 
 GRANT_FIELDS = ["via", "tenantId", "includeDescendants", "priority", "offeredAt", "__typename"]
+# A capacity row's lender's values: the owner with compute:pools:share sees them.
+LENDER_FIELDS = ["offered", "guestUsed", "overcommit"]
+CAPACITY_FIELDS = CAPACITY.split() + LENDER_FIELDS
+QUOTA_FIELDS = ["resource", "max", "used", "poolId"]
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
     return " ".join(rng.sample(names, k=rng.randint(least, len(names))))
 
 
+def _quota_selection(rng: random.Random) -> str:
+    """Some values of a quota row, and its grant, mostly."""
+    grant = f" grant {{ {_sample(rng, GRANT_FIELDS, 1)} }}" if rng.random() < 0.8 else ""
+    return f"{_sample(rng, QUOTA_FIELDS, 1)}{grant}"
+
+
 def _pool_selection(rng: random.Random, offers: bool) -> str:
     """A Pool selection: `id`, some values, quotas (with a grant, mostly), capacity, and
     the owner's offers when asked."""
     parts = ["id", _sample(rng, POOL_VALUES[1:], 3)]
-    grant = f" grant {{ {_sample(rng, GRANT_FIELDS, 1)} }}" if rng.random() < 0.8 else ""
-    parts.append(f"quotas {{ {_sample(rng, ['resource', 'max', 'used', 'poolId'], 1)}{grant} }}")
+    parts.append(f"quotas {{ {_quota_selection(rng)} }}")
     if rng.random() < 0.7:
-        parts.append(f"capacity {{ {_sample(rng, CAPACITY.split(), 1)} }}")
+        parts.append(f"capacity {{ {_sample(rng, CAPACITY_FIELDS, 1)} }}")
     if offers:
         parts.append(f"offers {{ {OFFERS} }}")
     rng.shuffle(parts)
@@ -361,6 +371,8 @@ class Queries:
     offers: str  # nodes with the owner's offers (PERMISSION_DENIED without share)
     one: str  # pool(id)
     full: str  # pool(id) with every value, quotas, capacity, offers
+    quotas: str  # quotas(tenantId, poolId?): every pool's rows, or one's
+    capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -389,7 +401,15 @@ class Queries:
             f" {' '.join(POOL_VALUES)} quotas {{ {QUOTA} }} capacity {{ {CAPACITY} }}"
             f" offers {{ {OFFERS} }} }} }}"
         )
-        return cls(page, nodes, offers, one, full, generated(6, seed))
+        quotas = (
+            "query Quotas($t: String!, $p: ID) { quotas(tenantId: $t, poolId: $p) {"
+            f" {_quota_selection(rng)} }} }}"
+        )
+        capacity = (
+            "query Capacity($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) {"
+            f" {_sample(rng, CAPACITY_FIELDS, 1)} }} }}"
+        )
+        return cls(page, nodes, offers, one, full, quotas, capacity, generated(6, seed))
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -402,6 +422,10 @@ def _get(reader: Reader, body: Any, note: str) -> Call:
 
 def _list(reader: Reader, body: Any, note: str) -> Call:
     return Call("rest list", reader, "/api/compute/pools/list", body, note)
+
+
+def _capacity(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest capacity", reader, "/api/compute/pools/capacity", body, note)
 
 
 def _node_ids(answer: Answer) -> list[str]:
@@ -503,6 +527,14 @@ async def _read_as_every_reader(
                     "graphql pool", reader, queries.one, {"t": t, "p": "nope"}, "bad id"
                 )
                 await compare(pair, log, call, report)
+            # The tenant's quota rows in every pool, then in one; one pool's rollup (the
+            # visible target, and one other).
+            every = _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool")
+            await compare(pair, log, every, report)
+            others = [k for k in targets if k != "visible"]
+            for note in ("visible", rng.choice(others)):
+                for call in _one_pool_reads(reader, queries, targets[note], note)[2:]:
+                    await compare(pair, log, call, report)
             # A random selection (tests/graphql/test_compiled_parity.generated).
             query, drawn = rng.choice(queries.drawn)
             variables = {
@@ -526,6 +558,8 @@ async def _read_as_every_reader(
             ]
             for body, note in rng.sample(bad, k=3):
                 await compare(pair, log, _get(reader, body, note), report)
+            body, note = rng.choice(bad)  # `capacity` takes `get`'s input
+            await compare(pair, log, _capacity(reader, body, note), report)
             # REST list: every pool, then a body the compiled list leaves to the plain path
             # (a selector) or that the plain path refuses.
             await compare(pair, log, _list(reader, {"tenantId": t}, "all"), report)
@@ -546,9 +580,20 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
     t = reader.tenant
     return [
         _graphql("graphql pools", reader, queries.nodes, {"t": t, "first": 100}, note),
+        *_one_pool_reads(reader, queries, pool_id, note),
+        _list(reader, {"tenantId": t}, note),
+    ]
+
+
+def _one_pool_reads(reader: Reader, queries: Queries, pool_id: str, note: str) -> list[Call]:
+    """`pool` and `get`, then the pool's quota rows and its rollup on each surface."""
+    t = reader.tenant
+    return [
         _graphql("graphql pool", reader, queries.one, {"t": t, "p": pool_id}, note),
         _get(reader, {"tenantId": t, "poolId": pool_id}, note),
-        _list(reader, {"tenantId": t}, note),
+        _graphql("graphql quotas", reader, queries.quotas, {"t": t, "p": pool_id}, note),
+        _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool_id}, note),
+        _capacity(reader, {"tenantId": t, "poolId": pool_id}, note),
     ]
 
 
@@ -605,7 +650,15 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         compiling = compiles(pair.fast)
     print(report.summary())
     assert not report.differences, report.failure()
-    kinds = ("graphql pools", "graphql pool", "rest get", "rest list")
+    kinds = (
+        "graphql pools",
+        "graphql pool",
+        "graphql quotas",
+        "graphql capacity",
+        "rest get",
+        "rest list",
+        "rest capacity",
+    )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
         assert not missing, f"never compiled: {missing}; {report.summary()}"
@@ -619,6 +672,11 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest get 400 INVALID_INPUT",
         "rest get 401 UNAUTHENTICATED",
         "rest list 200 ok",
+        "rest capacity 200 ok",
+        "rest capacity 404 NOT_FOUND",
+        "graphql quotas 200 ok",
+        "graphql quotas 200 NOT_FOUND",
+        "graphql capacity 200 ok",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 

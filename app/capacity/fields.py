@@ -359,7 +359,6 @@ GRANT = Table(
 )
 
 _LENDER = "the lender's view: present for the owner with compute:pools:share only"
-_LENDER_SUMS = "the lender's view, summed from the offers in Python (pool_reads)"
 
 CAPACITY = Table(
     "CapacityRow",
@@ -388,7 +387,7 @@ CAPACITY = Table(
             "offered",
             "long",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -398,7 +397,7 @@ CAPACITY = Table(
             "guestUsed",
             "long",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -408,7 +407,7 @@ CAPACITY = Table(
             "overcommit",
             "float",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
         ),
     ),

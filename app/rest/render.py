@@ -21,8 +21,8 @@ from app.capacity.fields import (
     timestamp,
 )
 from app.capacity.paging import Page
+from app.capacity.shapes import CapacityShape, ListShape, Nested, PoolShape, Read, Rows
 from app.capacity.shapes import Field as ShapeField
-from app.capacity.shapes import ListShape, Nested, PoolShape, Read, Rows
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -92,7 +92,8 @@ grant_json = _renderer(GRANT)
 _access_grant_json = _renderer(GRANT, ("via",))  # `access` says how the grant is held
 reservation_json = _renderer(RESERVATION)
 _capacity_json = _renderer(CAPACITY)
-_lender_json = _renderer(CAPACITY, tuple(e.name for e in CAPACITY.entries if e.optional))
+_LENDER_KEYS = tuple(e.name for e in CAPACITY.entries if e.optional)
+_lender_json = _renderer(CAPACITY, _LENDER_KEYS)
 
 
 def capacity_json(c: CapacityView) -> dict[str, Any]:
@@ -137,6 +138,9 @@ def _shape(table: Table, keeps: tuple[str, ...] = ()) -> tuple[ShapeField, ...]:
 GET_SHAPE = PoolShape("pool", _shape(POOL))
 # `list`'s answer, {"pools": [pool_json(...), ...]}: every pool, each as `get` shows it.
 LIST_SHAPE = ListShape("pools", GET_SHAPE.fields)
+# `capacity`'s answer, {"capacity": [capacity_json(...), ...]}: the lender's keys for the
+# owner with compute:pools:share only, absent for anyone else.
+CAPACITY_SHAPE = CapacityShape("capacity", _shape(CAPACITY, _LENDER_KEYS), lender_keys_absent=True)
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:
