@@ -24,7 +24,7 @@ answered so at least once, or the comparison could not fail; where it does not, 
 services answer on the plain path and the test still runs.
 
 The seed is printed with every failure; BETTERCOMPUTE_TEST_READ_SEED=<seed> replays it.
-`test_a_one_sided_change_is_reported` shows the comparison bites: each of three
+`test_a_one_sided_change_is_reported` shows the comparison bites: each of four
 one-sided changes, patched into the real modules before the services are built, makes
 the same comparison report differences.
 """
@@ -752,6 +752,9 @@ async def test_the_traces_name_the_same_spans(
             _graphql("graphql pool", reader, queries.one, {"t": t, "p": MISSING_POOL}, "missing"),
             _get(reader, {"tenantId": t, "poolId": pool}, "one"),
             _get(reader, {"tenantId": t, "poolId": pool, "colour": "red"}, "an unknown field"),
+            _capacity(reader, {"tenantId": t, "poolId": pool}, "one"),
+            _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool"),
+            _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)
@@ -805,6 +808,19 @@ def _drop_grant_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_reads, "_fields", without_priority)
 
 
+def _lend_the_owners_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled builder only: the lender's sums count the owner's own quota rows as
+    lent (every offer holder's but no one's)."""
+    from sqlalchemy import String, literal
+
+    from app.capacity import json_reads, read_rules
+
+    def with_the_owner(_owner: Any) -> Any:
+        return read_rules.guest_quotas(literal("", String))
+
+    monkeypatch.setattr(json_reads, "guest_quotas", with_the_owner)
+
+
 def _archived_shown(d: Difference) -> bool:
     """REST `get` finds a pool the plain path does not (404), or a page lists more."""
     if d.aspect == "status":
@@ -818,6 +834,11 @@ def _quotas_reordered(d: Difference) -> bool:
 
 def _grant_priority_dropped(d: Difference) -> bool:
     return d.aspect == "body" and b'"priority"' in d.plain and d.compiled
+
+
+def _owners_rows_lent(d: Difference) -> bool:
+    """A compiled answer's lender's values differ (`offered` more, say)."""
+    return d.aspect == "body" and d.compiled and b'"offered":' in d.plain
 
 
 def _without_quota_order(body: bytes) -> Any:
@@ -842,6 +863,7 @@ BITES: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], Callable[[Differenc
     "compiled-drops-archived-filter": (_drop_archived_filter, _archived_shown),
     "plain-reorders-quotas": (_reorder_quotas, _quotas_reordered),
     "compiled-drops-grant-priority": (_drop_grant_priority, _grant_priority_dropped),
+    "compiled-lends-the-owners-rows": (_lend_the_owners_rows, _owners_rows_lent),
 }
 
 
