@@ -65,6 +65,7 @@ from app.capacity.shapes import (
     CapacityShape,
     Constant,
     Field,
+    LendingShape,
     Nested,
     PageShape,
     PoolShape,
@@ -83,9 +84,15 @@ from schema.limits import cost_errors
 _VALUES: dict[str, dict[str, str]] = {kind: graphql_values(kind) for kind in ROW_TABLES}
 _RELATIONS: dict[str, dict[str, Relation]] = {kind: graphql_relations(kind) for kind in ROW_TABLES}
 _PAGE_INFO = {e.graphql: e.name for e in PAGE_INFO.entries if e.graphql is not None}
-# The root fields the plan covers, and the kind of rows a list root holds (`quotas`: the
-# tenant's quota rows; `capacity`: a pool's rollup).
-_ROOTS = {"pools": PageShape, "pool": PoolShape, "quotas": QuotasShape, "capacity": CapacityShape}
+# The root fields the plan covers: a page of pools, one pool, and lists of rows (the
+# tenant's quota rows, a pool's rollup, the owner's ranked capacity rows).
+_ROOTS = {
+    "pools": PageShape,
+    "pool": PoolShape,
+    "quotas": QuotasShape,
+    "capacity": CapacityShape,
+    "lending": LendingShape,
+}
 _PLANNED = (OperationType.QUERY, OperationType.MUTATION)
 # A plan keeps a shape per combination of the variables its directives read.
 _MAX_SHAPES_PER_PLAN = 16
@@ -437,6 +444,8 @@ class CompiledReads:
             shape = QuotasShape(key, self._object(plan, "quotas", parent, below, variables))
         elif name == "capacity":
             shape = CapacityShape(key, self._object(plan, "capacity", parent, below, variables))
+        elif name == "lending":
+            shape = LendingShape(key, self._object(plan, "lending", parent, below, variables))
         else:
             shape = PoolShape(key, self._pool(plan, parent, below, variables))
         return shape, tuple(root), field_def, nodes[0]

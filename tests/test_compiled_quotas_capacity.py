@@ -1,5 +1,6 @@
-"""GraphQL `quotas` and `capacity` and REST `pools/capacity`, answered by their compiled
-statements (app/capacity/json_reads.py: QuotasShape, CapacityShape), give the plain
+"""GraphQL `quotas`, `capacity` and `lending` and REST `pools/capacity` and `pools/lending`,
+answered by their compiled statements (app/capacity/json_reads.py: QuotasShape,
+CapacityShape, LendingShape), give the plain
 path's bytes for every caller of the compiled world, every pool and bad input, on both
 dialects; each is one statement; and a lender's sum the statement cannot be sure of is
 left to the plain path (which answers it, or refuses it, as it always has)."""
@@ -26,6 +27,10 @@ LENDER = "offered guestUsed overcommit"
 CAPACITY = (
     "query($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) { resource total "
     f"allocatable booked available {LENDER} __typename }} }}"
+)
+LENDING = (
+    "query($t: String!, $first: Int) { lending(tenantId: $t, first: $first) { poolId "
+    f"resource total allocatable booked available {LENDER} __typename }} }}"
 )
 QUOTAS = (
     "query($t: String!, $p: ID) { quotas(tenantId: $t, poolId: $p) { poolId resource max "
@@ -55,6 +60,10 @@ def _capacity(tenant: str, pool: str) -> tuple[str, Any]:
     return "/api/compute/pools/capacity", {"tenantId": tenant, "poolId": pool}
 
 
+def _lending(tenant: str, **more: Any) -> tuple[str, Any]:
+    return "/api/compute/pools/lending", {"tenantId": tenant, **more}
+
+
 def _graphql(query: str, **variables: Any) -> tuple[str, Any]:
     return "/graphql", {"query": query, "variables": variables}
 
@@ -75,6 +84,10 @@ async def test_quotas_and_capacity_answer_alike(pair: Pair, world: World, dialec
         token = world.tokens[caller]
         for tenant in ("acme", "globex", "globex-dev", "initech"):
             await _alike(pair, token, *_graphql(QUOTAS, t=tenant))
+            for first in (None, 0, 1, 2, 101):
+                given = {} if first is None else {"first": first}
+                await _alike(pair, token, *_lending(tenant, **given))
+                await _alike(pair, token, *_graphql(LENDING, t=tenant, **given))
             for pool in pools:
                 await _alike(pair, token, *_capacity(tenant, pool))
                 await _alike(pair, token, *_graphql(CAPACITY, t=tenant, p=pool))
@@ -94,7 +107,7 @@ async def test_quotas_and_capacity_answer_alike(pair: Pair, world: World, dialec
         assert status == 400, body
     await _alike(pair, world.tokens["acme-admin"], *_graphql(QUOTAS, t="acme", p="nope"))
     answered = _answered() - before
-    assert answered >= 100, (dialect, answered)  # the compiled path answers on both
+    assert answered >= 150, (dialect, answered)  # the compiled path answers on both
 
 
 async def test_the_owner_sees_what_it_lent(pair: Pair, world: World) -> None:
@@ -119,7 +132,8 @@ async def test_one_statement_each(pair: Pair, world: World) -> None:
         "rest": _capacity("acme", world.pools["p0"]),
         "graphql": _graphql(CAPACITY, t="acme", p=world.pools["p0"]),
     }
-    for transport, (path, body) in [*reads.items(), ("graphql", _graphql(QUOTAS, t="acme"))]:
+    more = [("graphql", _graphql(QUOTAS, t="acme")), ("graphql", _graphql(LENDING, t="acme"))]
+    for transport, (path, body) in [*reads.items(), ("rest", _lending("acme")), *more]:
         await _post(pair.fast, token, path, body)  # remembers the caller, learns the text
         before = _count("bettercompute_db_statements_total", transport=transport)
         answered = _answered()

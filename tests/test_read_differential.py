@@ -1,7 +1,7 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
-every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas` and `capacity`,
-REST `pools/get`, `pools/list` and `pools/capacity`) answers exactly as the plain path
-answers it, on both dialects.
+every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity` and
+`lending`, REST `pools/get`, `pools/list`, `pools/capacity` and `pools/lending`) answers
+exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -337,6 +337,7 @@ GRANT_FIELDS = ["via", "tenantId", "includeDescendants", "priority", "offeredAt"
 LENDER_FIELDS = ["offered", "guestUsed", "overcommit"]
 CAPACITY_FIELDS = CAPACITY.split() + LENDER_FIELDS
 QUOTA_FIELDS = ["resource", "max", "used", "poolId"]
+LENDING_FIELDS = ["poolId", *CAPACITY_FIELDS]
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
@@ -373,6 +374,7 @@ class Queries:
     full: str  # pool(id) with every value, quotas, capacity, offers
     quotas: str  # quotas(tenantId, poolId?): every pool's rows, or one's
     capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
+    lending: str  # lending(tenantId, first): the owner's ranked capacity rows
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -409,7 +411,11 @@ class Queries:
             "query Capacity($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) {"
             f" {_sample(rng, CAPACITY_FIELDS, 1)} }} }}"
         )
-        return cls(page, nodes, offers, one, full, quotas, capacity, generated(6, seed))
+        lending = (
+            "query Lending($t: String!, $first: Int) { lending(tenantId: $t, first: $first) {"
+            f" {_sample(rng, LENDING_FIELDS, 1)} }} }}"
+        )
+        return cls(page, nodes, offers, one, full, quotas, capacity, lending, generated(6, seed))
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -426,6 +432,21 @@ def _list(reader: Reader, body: Any, note: str) -> Call:
 
 def _capacity(reader: Reader, body: Any, note: str) -> Call:
     return Call("rest capacity", reader, "/api/compute/pools/capacity", body, note)
+
+
+def _lending(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest lending", reader, "/api/compute/pools/lending", body, note)
+
+
+def _lending_reads(reader: Reader, queries: Queries, first: int | None, note: str) -> list[Call]:
+    """The owner's ranked capacity rows on each surface, `first` of them (None: unsaid)."""
+    t = reader.tenant
+    body = {"tenantId": t} if first is None else {"tenantId": t, "first": first}
+    variables = {"t": t} if first is None else {"t": t, "first": first}
+    return [
+        _graphql("graphql lending", reader, queries.lending, variables, note),
+        _lending(reader, body, note),
+    ]
 
 
 def _node_ids(answer: Answer) -> list[str]:
@@ -560,6 +581,17 @@ async def _read_as_every_reader(
                 await compare(pair, log, _get(reader, body, note), report)
             body, note = rng.choice(bad)  # `capacity` takes `get`'s input
             await compare(pair, log, _capacity(reader, body, note), report)
+            # The owner's ranked capacity rows: all, a few, and odd input.
+            odd_first = rng.choice([0, 101, -1])  # 101 and -1: INVALID_INPUT
+            for first, note in (
+                (None, "all"),
+                (rng.choice((1, 2, 3)), "a few"),
+                (odd_first, "odd"),
+            ):
+                for call in _lending_reads(reader, queries, first, note):
+                    await compare(pair, log, call, report)
+            unknown = {"tenantId": t, **rng.choice(UNKNOWN_FIELDS[:-1])}  # `first` is known
+            await compare(pair, log, _lending(reader, unknown, "an unknown field"), report)
             # REST list: every pool, then a body the compiled list leaves to the plain path
             # (a selector) or that the plain path refuses.
             await compare(pair, log, _list(reader, {"tenantId": t}, "all"), report)
@@ -582,6 +614,7 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
         _graphql("graphql pools", reader, queries.nodes, {"t": t, "first": 100}, note),
         *_one_pool_reads(reader, queries, pool_id, note),
         _list(reader, {"tenantId": t}, note),
+        *_lending_reads(reader, queries, None, note),
     ]
 
 
@@ -658,6 +691,8 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest get",
         "rest list",
         "rest capacity",
+        "graphql lending",
+        "rest lending",
     )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
@@ -677,6 +712,9 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "graphql quotas 200 ok",
         "graphql quotas 200 NOT_FOUND",
         "graphql capacity 200 ok",
+        "graphql lending 200 ok",
+        "rest lending 200 ok",
+        "rest lending 400 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
@@ -755,6 +793,7 @@ async def test_the_traces_name_the_same_spans(
             _capacity(reader, {"tenantId": t, "poolId": pool}, "one"),
             _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool"),
             _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
+            *_lending_reads(reader, queries, 2, "a few"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)

@@ -53,6 +53,7 @@ from app.capacity.inputs import (
     MAX_AMOUNT,
     CapacityInput,
     GetPoolInput,
+    LendingInput,
     ListPoolsInput,
     ListQuotasInput,
     MethodInput,
@@ -67,6 +68,7 @@ from app.capacity.json_sql import (
     json_object,
     sql_literal,
 )
+from app.capacity.lending import rank
 from app.capacity.paging import encode_cursor
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
@@ -84,6 +86,7 @@ from app.capacity.shapes import (
     CapacityShape,
     Constant,
     Field,
+    LendingShape,
     ListShape,
     Nested,
     PageShape,
@@ -93,12 +96,12 @@ from app.capacity.shapes import (
     Rows,
     Shape,
 )
-from app.capacity.views import guest_sums, overcommit
+from app.capacity.views import CapacityView, LendingRowView, guest_sums, overcommit
 from app.db.direct import traced
 from app.db.engine import Database
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_READ
+from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE
 from app.metrics import statement_sent
 
 # json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
@@ -200,8 +203,10 @@ def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
 
 
 def _value(field: Read, kind: str, row: CTE) -> ColumnElement[Any]:
-    if kind == "capacity" and field.value in _LENT and field.mapping is None:
+    if kind in ("capacity", "lending") and field.value in _LENT and field.mapping is None:
         return _lent(row)
+    if kind == "lending" and field.value == _RANKED:
+        return _ranked_by(row)
     entry = _COLUMNS[kind].get(field.value)
     if entry is None:
         raise Unsupported(f"{field.value} here")
@@ -316,6 +321,7 @@ class CompiledRead:
     shows_policy: bool  # masked once parsed (`readable`)
     shows_cursors: bool  # encoded once parsed (`readable`)
     shows_lender: bool = False  # summed once parsed (`readable`)
+    needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
 
     @property
     def page(self) -> bool:
@@ -325,6 +331,11 @@ class CompiledRead:
     def quotas(self) -> bool:
         """The tenant's quota rows (`quotas`): every pool, or one (`pool_id`)."""
         return isinstance(self.shape, QuotasShape)
+
+    @property
+    def lending(self) -> bool:
+        """The owner's ranked capacity rows (`lending`): at most `first`, once ranked."""
+        return isinstance(self.shape, LendingShape)
 
     @property
     def every(self) -> bool:
@@ -374,6 +385,7 @@ def compile_read(
         "policy" in needs,
         "cursor" in needs,
         "lender" in needs,
+        isinstance(shape, LendingShape),
     )
 
 
@@ -382,6 +394,7 @@ _INPUTS: dict[type, type[MethodInput]] = {
     PoolShape: GetPoolInput,
     QuotasShape: ListQuotasInput,
     CapacityShape: CapacityInput,
+    LendingShape: LendingInput,
 }
 
 
@@ -391,6 +404,8 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
         return _quotas_statement(shape, pairs)
     if isinstance(shape, CapacityShape):
         return _capacity_statement(shape, pairs)
+    if isinstance(shape, LendingShape):
+        return _lending_statement(shape, pairs)
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
@@ -493,6 +508,55 @@ def _lender_value(value: dict[str, Any], field: Read, absent: bool) -> None:
         value[field.key] = overcommit(offered, lent["a"])
 
 
+# `lending`'s rows carry, under a key no field can have, what ranks them: the pool, the
+# resource and the lender's values' makings (`_lent`); ranked once parsed by
+# lending.rank, the plain read's order, and dropped.
+_RANKED = "#ranked"
+
+
+def _ranked_by(row: CTE) -> ColumnElement[Any]:
+    capacity = CapacityRow.__table__.c
+    return json_object([("p", capacity.pool_id), ("r", capacity.resource), ("l", _lent(row))])
+
+
+def _ranked(rows: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """`lending`'s parsed rows, ranked as the plain read ranks them (lending.rank), the
+    first `first`."""
+    ranks: list[tuple[tuple[float, str, str], int]] = []
+    for n, row in enumerate(rows):
+        by = row.pop(_RANKED)
+        lent = by["l"]
+        offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
+        if offered > MAX_AMOUNT or used > MAX_AMOUNT:
+            raise _Unsure
+        view = CapacityView(by["r"], 0, lent["a"], 0, offered, used)
+        ranks.append((rank(LendingRowView(by["p"], view)), n))
+    ranks.sort()
+    return [rows[n] for _, n in ranks[:first]]
+
+
+def _lending_statement(
+    shape: LendingShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """Every capacity row of the tenant's live pools whose offers the caller reads
+    (read_rules.offers_shown: its own, with compute:pools:share), in pool and resource
+    order, each with what ranks it; ranked and cut once parsed (`_ranked`)."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    pools = Pool.__table__
+    owned = (
+        _granted(lineage)
+        .where(pools.c.archived.is_(False), offers_shown(pools.c.tenant_id, _TENANT, _SHARES))
+        .cte("owned")
+    )
+    item = _fields("lending", (*shape.fields, Read(_RANKED, _RANKED)), owned)
+    capacity = CapacityRow.__table__
+    rows = select().select_from(owned, capacity).where(capacity.c.pool_id == owned.c.id)
+    pairs.append((shape.key, JsonArray(item, rows, (owned.c.id, *_ROW_ORDER["capacity"]))))
+    return select(cast(_object(pairs), Text)).where(
+        token_live(_TOKEN, _ROLE), exists(select(lineage.c.id))
+    )
+
+
 def _quotas_statement(
     shape: QuotasShape, pairs: list[tuple[str, ColumnElement[Any]]]
 ) -> Select[Any]:
@@ -552,15 +616,19 @@ def _needs(fields: tuple[Field, ...]) -> set[str]:
     return found
 
 
-def readable(data: Any, read: CompiledRead) -> Any:
+def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
     no secret), every cursor encoded (paging.encode_cursor) and the lender's values
-    summed (`_lender_value`), found by the shape's keys; None when the plain read might
-    answer otherwise (a sum past a Long)."""
-    if read.shows_policy or read.shows_cursors or read.shows_lender:
+    summed (`_lender_value`), found by the shape's keys, and `lending`'s rows ranked
+    (the first `first` kept); None when the plain read might answer otherwise (a sum
+    past a Long)."""
+    if read.shows_policy or read.shows_cursors or read.shows_lender or read.lending:
         absent = isinstance(read.shape, CapacityShape) and read.shape.lender_keys_absent
         try:
             _finish(data[read.shape.key], read.shape.fields, read.shows_lender, absent)
+            if read.lending:
+                assert first is not None
+                data[read.shape.key] = _ranked(data[read.shape.key], first)
         except _Unsure:
             return None
     return data
@@ -596,6 +664,8 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
     if principal.conditions or not principal.has(POOLS_READ):
         return False
     if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
+        return False
+    if read.needs_share and not principal.has(POOLS_SHARE):
         return False
     return not read.reads_capacity or principal.has(CAPACITY_READ)
 

@@ -76,9 +76,10 @@ async def lent_capacity(
     }
 
 
-def _rank(row: LendingRowView) -> tuple[float, str, str]:
+def rank(row: LendingRowView) -> tuple[float, str, str]:
     """Most overcommitted first; lent capacity the pool does not have (allocatable 0) first
-    of all; ties in pool and resource order."""
+    of all; ties in pool and resource order. The compiled `lending` ranks by it too
+    (json_reads)."""
     ratio = row.capacity.overcommit
     if ratio is None:
         ratio = math.inf if (row.capacity.offered or 0) > 0 else -1.0
@@ -95,4 +96,4 @@ async def lending(
     pools = [p for p in pools if sees_offers(principal, p)]
     capacity = await lent_capacity(executor, principal, pools)
     rows = [LendingRowView(p.id, row) for p in pools for row in capacity[p.id]]
-    return sorted(rows, key=_rank)[: inp.first]
+    return sorted(rows, key=rank)[: inp.first]

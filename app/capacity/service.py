@@ -275,7 +275,8 @@ class Capacity:
         self, shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
         """`list` (a PageShape: a page; a ListShape: every pool), `get` (a PoolShape),
-        `quotas` (a QuotasShape) or `capacity` (a CapacityShape) as one statement for
+        `quotas` (a QuotasShape), `capacity` (a CapacityShape) or `lending` (a
+        LendingShape) as one statement for
         this store's dialect that answers in JSON, with `root`'s constants beside it;
         None when no statement builds it."""
         return json_reads.compile_read(shape, root, dialect=self.db.dialect)
@@ -299,8 +300,13 @@ class Capacity:
         if not self.compiles_reads:
             return None
         arguments: dict[str, object]
+        first: int | None = None  # `lending`'s: kept once ranked
         try:
-            if read.quotas:
+            if read.lending:
+                lent = parse_input(read.input, args)
+                assert isinstance(lent, LendingInput)
+                tenant_id, arguments, first = lent.tenant_id, {}, lent.first
+            elif read.quotas:
                 quotas = parse_input(read.input, args)
                 assert isinstance(quotas, ListQuotasInput)
                 tenant_id, arguments = quotas.tenant_id, {"pool_id": quotas.pool_id}
@@ -338,7 +344,7 @@ class Capacity:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc
             raise
-        return None if text is None else json_reads.readable(orjson.loads(text), read)
+        return None if text is None else json_reads.readable(orjson.loads(text), read, first)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(

@@ -118,4 +118,13 @@ class CapacityShape:
     lender_keys_absent: bool = False
 
 
-Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape
+@dataclass(frozen=True, slots=True)
+class LendingShape:
+    """The capacity rows of the tenant's live pools, with the lender's values, the most
+    overcommitted first (the `lending` read), at most `first` of them, under `key`."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape
