@@ -12,9 +12,12 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import text
 
 from app.capacity.inputs import MAX_AMOUNT
 from app.capacity.service import Capacity
+from app.config import Settings
+from app.server import create_app
 from tests.compiled_world import CALLERS, Pair, World, pair, world
 from tests.support import Fleet
 
@@ -169,3 +172,41 @@ async def test_a_lender_sum_past_a_long_is_left_to_the_plain_path(pair: Pair, fl
     assert b'"path":["capacity",0,"offered"],"extensions":{"code":"INTERNAL"}' in graphql[2]
     # The second of each (the first remembers the caller, and learns the query text).
     assert _declined() - declined == 2
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # a lock waited for past the timeout
+async def test_a_connection_fault_is_503_at_once(database_url: str, fleet: Fleet) -> None:
+    """A compiled read that meets a connection-class fault (here PostgreSQL cancelling
+    the statement at its statement_timeout, SQLSTATE 57014, behind a table lock) answers
+    503 itself: it does not give way to the plain path, which would wait again."""
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    admin = await fleet.caller("acme", "admin")
+    settings = Settings(database_url=database_url, db_statement_timeout_s=0.5)
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            headers = {"authorization": f"Bearer {admin}"}
+            body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+            created = await client.post("/api/compute/pools/create", json=body, headers=headers)
+            pool = created.json()["pool"]["id"]
+            reads = [
+                _capacity("acme", pool),
+                _lending("acme"),
+                _graphql(QUOTAS, t="acme"),
+                _graphql(CAPACITY, t="acme", p=pool),
+                _graphql(LENDING, t="acme"),
+            ]
+            for path, sent in reads:  # the caller remembered, each query text learnt
+                for _ in range(2):
+                    assert (await _post(client, admin, path, sent))[0] == 200
+            async with fleet.db.writer.connect() as holder, holder.begin() as held:
+                await holder.execute(text("LOCK TABLE tenants IN ACCESS EXCLUSIVE MODE"))
+                for path, sent in reads:
+                    declined, answered = _declined(), _answered()
+                    status, found, _ = await _post(client, admin, path, sent)
+                    assert (status, found.get("retry-after")) == (503, "2"), (path, sent)
+                    assert (_declined(), _answered()) == (declined, answered), (path, sent)
+                await held.rollback()
+            assert (await _post(client, admin, *reads[0]))[0] == 200
