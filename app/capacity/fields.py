@@ -287,7 +287,7 @@ POOL = Table(
             None,
             "GuestLending",
             nullable=True,
-            uncompiled="the lender's view, summed from the offers in Python (pool_reads)",
+            uncompiled="the owner's offers to guests, each with its rows: not compiled yet",
         ),
         Relation(
             "reservations",

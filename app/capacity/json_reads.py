@@ -458,7 +458,8 @@ def _granted(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
     )
 
 
-# --- the tenant's quota rows (`quotas`) and a pool's rollup (`capacity`) ----------------
+# --- the tenant's quota rows (`quotas`), a pool's rollup (`capacity`), and the owner's
+# --- capacity rows ranked by what it lent (`lending`) -----------------------------------
 
 # The lender's values of a capacity row. The statement carries what they are made of
 # (`_lent`); they are summed once parsed (`_lender_value`) by views.guest_sums, as the
@@ -487,6 +488,15 @@ def _lent(row: CTE) -> ColumnElement[Any]:
     return JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), lent)))
 
 
+def _sums(lent: dict[str, Any]) -> tuple[int, int]:
+    """`offered` and `guestUsed` of a parsed `_lent` (views.guest_sums); past a Long, the
+    plain read's to answer."""
+    offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
+    if offered > MAX_AMOUNT or used > MAX_AMOUNT:
+        raise _Unsure
+    return offered, used
+
+
 def _lender_value(value: dict[str, Any], field: Read, absent: bool) -> None:
     """A lender's value of a parsed capacity row, in place: the sums of its guests' rows
     (views.guest_sums), or offered / allocatable (views.overcommit). Not shown: null, or
@@ -497,9 +507,7 @@ def _lender_value(value: dict[str, Any], field: Read, absent: bool) -> None:
         if absent:
             del value[field.key]
         return
-    offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
-    if offered > MAX_AMOUNT or used > MAX_AMOUNT:
-        raise _Unsure
+    offered, used = _sums(lent)
     if field.value == "offered":
         value[field.key] = offered
     elif field.value == "guest_used":
@@ -525,11 +533,7 @@ def _ranked(rows: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
     ranks: list[tuple[tuple[float, str, str], int]] = []
     for n, row in enumerate(rows):
         by = row.pop(_RANKED)
-        lent = by["l"]
-        offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
-        if offered > MAX_AMOUNT or used > MAX_AMOUNT:
-            raise _Unsure
-        view = CapacityView(by["r"], 0, lent["a"], 0, offered, used)
+        view = CapacityView(by["r"], 0, by["l"]["a"], 0, *_sums(by["l"]))
         ranks.append((rank(LendingRowView(by["p"], view)), n))
     ranks.sort()
     return [rows[n] for _, n in ranks[:first]]

@@ -276,9 +276,8 @@ class Capacity:
     ) -> json_reads.CompiledRead | None:
         """`list` (a PageShape: a page; a ListShape: every pool), `get` (a PoolShape),
         `quotas` (a QuotasShape), `capacity` (a CapacityShape) or `lending` (a
-        LendingShape) as one statement for
-        this store's dialect that answers in JSON, with `root`'s constants beside it;
-        None when no statement builds it."""
+        LendingShape) as one statement for this store's dialect that answers in JSON,
+        with `root`'s constants beside it; None when no statement builds it."""
         return json_reads.compile_read(shape, root, dialect=self.db.dialect)
 
     async def read_json(
