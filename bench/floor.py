@@ -8,8 +8,11 @@ authentication, no IAM, no validation: the least work that answers the same data
 - `/rest/pools/get?tenant&pool`: REST `pools/get` as a guest tenant sees the pool
   (`offers` is null: they are the owner's), the shape of app/rest/render.py
 - `/rest/pools/list?tenant`: REST `pools/list`, every pool the guest sees, each as `get`
+- `/quotas?tenant`: the GraphQL `quotas` query, the guest's rows in every pool it sees
+- `/capacity?tenant&pool`, `/rest/pools/capacity?tenant&pool`: one pool's rollup as the
+  guest sees it (no lender's values: those are the owner's), by GraphQL and by REST
 
-The routes are written once here (`floor_app`); each dialect gives its four statements
+The routes are written once here (`floor_app`); each dialect gives its statements
 and how to run one: PostgreSQL's below (asyncpg, `json_build_object`/`json_agg`), SQLite's
 in bench/floor_sqlite.py (aiosqlite, `json_object`/`json_group_array`).
 
@@ -102,6 +105,27 @@ FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1
 WHERE NOT p.archived OR p.tenant_id = $1
 """
 
+# The guest's quota rows in every pool it sees, in pool and resource order.
+QUOTAS = """
+SELECT json_build_object('data', json_build_object('quotas', COALESCE((SELECT json_agg(
+    json_build_object('poolId', q.pool_id, 'resource', q.resource, 'max', q.max, 'used', q.used)
+    ORDER BY q.pool_id, q.resource)
+  FROM quota_rows q JOIN pools p ON p.id = q.pool_id
+  JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1
+  WHERE q.tenant_id = $1 AND (NOT p.archived OR p.tenant_id = $1)), '[]')))::text
+"""
+
+# One pool's rollup rows as a guest sees them, under `{key}` (GraphQL's data, or REST's).
+_CAPACITY = """
+SELECT {wrap}json_build_object('capacity', COALESCE((SELECT json_agg(json_build_object(
+    'resource', c.resource, 'total', c.total, 'allocatable', c.allocatable,
+    'booked', c.booked, 'available', c.allocatable - c.booked) ORDER BY c.resource)
+  FROM capacity_rows c WHERE c.pool_id = p.id), '[]')){unwrap}::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
+"""
+CAPACITY = _CAPACITY.format(wrap="json_build_object('data', ", unwrap=")")
+REST_CAPACITY = _CAPACITY.format(wrap="", unwrap="")
+
 
 # A statement's one value (the JSON text), or None when it returns no row.
 Fetch = Callable[..., Awaitable[str | None]]
@@ -115,6 +139,9 @@ class Statements:
     one_pool: str  # tenant, pool
     rest_get: str  # tenant, pool
     rest_list: str  # tenant
+    quotas: str  # tenant
+    capacity: str  # tenant, pool
+    rest_capacity: str  # tenant, pool
 
 
 def floor_app(
@@ -154,18 +181,35 @@ def floor_app(
         body = await request.app.state.fetch(statements.rest_list, request.query_params["tenant"])
         return Response(body, media_type="application/json")
 
+    async def quotas(request: Request) -> Response:
+        body = await request.app.state.fetch(statements.quotas, request.query_params["tenant"])
+        return Response(body, media_type="application/json")
+
+    def one_pool_statement(statement: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            q = request.query_params
+            body = await request.app.state.fetch(statement, q["tenant"], q["pool"])
+            return Response(body, media_type="application/json")
+
+        return endpoint
+
     return Starlette(
         routes=[
             Route("/dashboard", dashboard),
             Route("/pool", one_pool),
             Route("/rest/pools/get", rest_get),
             Route("/rest/pools/list", rest_list),
+            Route("/quotas", quotas),
+            Route("/capacity", one_pool_statement(statements.capacity)),
+            Route("/rest/pools/capacity", one_pool_statement(statements.rest_capacity)),
         ],
         lifespan=lifespan,
     )
 
 
-POSTGRESQL = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST)
+POSTGRESQL = Statements(
+    DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST, QUOTAS, CAPACITY, REST_CAPACITY
+)
 POOL_SIZE = 16
 
 

@@ -113,7 +113,28 @@ SELECT json_object('pools', (SELECT json_group_array(json(pool)) FROM (
   WHERE NOT p.archived OR p.tenant_id = ?1 ORDER BY p.id)))
 """
 
-SQLITE = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST)
+# The guest's quota rows in every pool it sees, in pool and resource order.
+QUOTAS = """
+SELECT json_object('data', json_object('quotas', (SELECT json_group_array(json_object(
+    'poolId', q.pool_id, 'resource', q.resource, 'max', q.max, 'used', q.used))
+  FROM (SELECT q.* FROM quota_rows q JOIN pools p ON p.id = q.pool_id
+        JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1
+        WHERE q.tenant_id = ?1 AND (NOT p.archived OR p.tenant_id = ?1)
+        ORDER BY q.pool_id, q.resource) q)))
+"""
+
+# One pool's rollup rows as a guest sees them (GraphQL's data, or REST's).
+_CAPACITY = """
+SELECT {wrap}json_object('capacity', (SELECT json_group_array(json_object(
+    'resource', c.resource, 'total', c.total, 'allocatable', c.allocatable,
+    'booked', c.booked, 'available', c.allocatable - c.booked))
+  FROM (SELECT * FROM capacity_rows WHERE pool_id = p.id ORDER BY resource) c)){unwrap}
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1 WHERE p.id = ?2
+"""
+CAPACITY = _CAPACITY.format(wrap="json_object('data', ", unwrap=")")
+REST_CAPACITY = _CAPACITY.format(wrap="", unwrap="")
+
+SQLITE = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST, QUOTAS, CAPACITY, REST_CAPACITY)
 # The service's reader engine keeps 4 connections (app/db/engine.py, `create_database`).
 CONNECTIONS = int(os.environ.get("BENCH_FLOOR_SQLITE_CONNECTIONS", "4"))
 

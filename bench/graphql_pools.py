@@ -1,5 +1,6 @@
-"""Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST)
-against a floor, driven by a native load generator (printed figures, docs/performance.md),
+"""Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST,
+REST's list, the tenant's quota rows, one pool's rollup by GraphQL and by REST) against a
+floor, driven by a native load generator (printed figures, docs/performance.md),
 on PostgreSQL and on the embedded SQLite default, one table each.
 
     .venv/bin/python -m bench.graphql_pools                    # both, about 12 minutes
@@ -92,6 +93,12 @@ DASHBOARD = """query Dashboard($tenantId: String!, $first: Int, $after: String) 
 }"""
 SMALL = """query One($tenantId: String!, $poolId: ID!) {
   pool(tenantId: $tenantId, poolId: $poolId) { id quotas { resource max used } }
+}"""
+QUOTAS = """query Quotas($tenantId: String!) {
+  quotas(tenantId: $tenantId) { poolId resource max used }
+}"""
+CAPACITY = """query Capacity($tenantId: String!, $poolId: ID!) {
+  capacity(tenantId: $tenantId, poolId: $poolId) { resource total allocatable booked available }
 }"""
 
 
@@ -456,6 +463,15 @@ def graphql_request(token: str, query: str, variables: dict[str, Any]) -> HttpRe
     )
 
 
+def rest_request(token: str, method: str, body: dict[str, Any]) -> HttpRequest:
+    return HttpRequest(
+        "POST",
+        f"/api/compute/pools/{method}",
+        {"content-type": "application/json", "authorization": f"Bearer {token}"},
+        json.dumps(body, separators=(",", ":")),
+    )
+
+
 def floor_request(path: str, **params: str) -> HttpRequest:
     return HttpRequest("GET", f"{path}?{urlencode(params)}", {})
 
@@ -527,24 +543,23 @@ async def one_pool_cases(
     )
     small = graphql_request(token, SMALL, {"tenantId": tenant, "poolId": pool})
     small_floor = floor_request("/pool", tenant=tenant, pool=pool)
-    rest = HttpRequest(
-        "POST",
-        "/api/compute/pools/get",
-        {"content-type": "application/json", "authorization": f"Bearer {token}"},
-        json.dumps({"tenantId": tenant, "poolId": pool}, separators=(",", ":")),
-    )
+    rest = rest_request(token, "get", {"tenantId": tenant, "poolId": pool})
     rest_floor = floor_request("/rest/pools/get", tenant=tenant, pool=pool)
-    listing = HttpRequest(
-        "POST",
-        "/api/compute/pools/list",
-        {"content-type": "application/json", "authorization": f"Bearer {token}"},
-        json.dumps({"tenantId": tenant}, separators=(",", ":")),
-    )
+    listing = rest_request(token, "list", {"tenantId": tenant})
     listing_floor = floor_request("/rest/pools/list", tenant=tenant)
+    quotas = graphql_request(token, QUOTAS, {"tenantId": tenant})
+    quotas_floor = floor_request("/quotas", tenant=tenant)
+    capacity = graphql_request(token, CAPACITY, {"tenantId": tenant, "poolId": pool})
+    capacity_floor = floor_request("/capacity", tenant=tenant, pool=pool)
+    rest_capacity = rest_request(token, "capacity", {"tenantId": tenant, "poolId": pool})
+    rest_capacity_floor = floor_request("/rest/pools/capacity", tenant=tenant, pool=pool)
     for ours, theirs, key in (
         (small, small_floor, "data"),
         (rest, rest_floor, "pool"),
         (listing, listing_floor, "pools"),
+        (quotas, quotas_floor, "data"),
+        (capacity, capacity_floor, "data"),
+        (rest_capacity, rest_capacity_floor, "capacity"),
     ):
         answer, floor_answer = await send(service, ours), await send(floor, theirs)
         if answer.get(key) is None or not same_data(answer[key], floor_answer.get(key)):
@@ -557,6 +572,16 @@ async def one_pool_cases(
             "rest",
             [listing],
             [listing_floor],
+        ),
+        Case(
+            f"quota rows, GraphQL quotas ({ONE_POOL_TENANT} pools)",
+            "graphql",
+            [quotas],
+            [quotas_floor],
+        ),
+        Case("one pool's rollup (GraphQL capacity)", "graphql", [capacity], [capacity_floor]),
+        Case(
+            "one pool's rollup, REST pools/capacity", "rest", [rest_capacity], [rest_capacity_floor]
         ),
     ]
 

@@ -61,7 +61,19 @@ from app.capacity.fields import (
 )
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
-from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
+from app.capacity.shapes import (
+    CapacityShape,
+    Constant,
+    Field,
+    LendingShape,
+    Nested,
+    PageShape,
+    PoolShape,
+    QuotasShape,
+    Read,
+    Rows,
+    Shape,
+)
 from app.metrics import COMPILED_PLAN_BYTES as PLAN_BYTES
 from app.metrics import COMPILED_PLANS as PLANS
 from schema.limits import cost_errors
@@ -72,7 +84,15 @@ from schema.limits import cost_errors
 _VALUES: dict[str, dict[str, str]] = {kind: graphql_values(kind) for kind in ROW_TABLES}
 _RELATIONS: dict[str, dict[str, Relation]] = {kind: graphql_relations(kind) for kind in ROW_TABLES}
 _PAGE_INFO = {e.graphql: e.name for e in PAGE_INFO.entries if e.graphql is not None}
-_ROOTS = {"pools": PageShape, "pool": PoolShape}
+# The root fields the plan covers: a page of pools, one pool, and lists of rows (the
+# tenant's quota rows, a pool's rollup, the owner's ranked capacity rows).
+_ROOTS = {
+    "pools": PageShape,
+    "pool": PoolShape,
+    "quotas": QuotasShape,
+    "capacity": CapacityShape,
+    "lending": LendingShape,
+}
 _PLANNED = (OperationType.QUERY, OperationType.MUTATION)
 # A plan keeps a shape per combination of the variables its directives read.
 _MAX_SHAPES_PER_PLAN = 16
@@ -420,6 +440,12 @@ class CompiledReads:
             raise Unplanned("labelSelector")
         if name == "pools":
             shape: Shape = PageShape(key, self._page(plan, parent, below, variables))
+        elif name == "quotas":
+            shape = QuotasShape(key, self._object(plan, "quotas", parent, below, variables))
+        elif name == "capacity":
+            shape = CapacityShape(key, self._object(plan, "capacity", parent, below, variables))
+        elif name == "lending":
+            shape = LendingShape(key, self._object(plan, "lending", parent, below, variables))
         else:
             shape = PoolShape(key, self._pool(plan, parent, below, variables))
         return shape, tuple(root), field_def, nodes[0]

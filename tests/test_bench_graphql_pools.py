@@ -129,6 +129,9 @@ async def test_the_quick_run_prints_every_row(
         "one pool with its quotas (GraphQL)",
         "one pool, REST pools/get",
         "every pool, REST pools/list (100 pools)",
+        "quota rows, GraphQL quotas (100 pools)",
+        "one pool's rollup (GraphQL capacity)",
+        "one pool's rollup, REST pools/capacity",
         "dashboard, 10 pools",
         "dashboard, 1,000 pools (10 pages of 100)",
     ):

@@ -1,6 +1,7 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
-every read the compiled path may answer (GraphQL `pools` and `pool`, REST `pools/get` and
-`pools/list`) answers exactly as the plain path answers it, on both dialects.
+every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity` and
+`lending`, REST `pools/get`, `pools/list`, `pools/capacity` and `pools/lending`) answers
+exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -23,7 +24,7 @@ answered so at least once, or the comparison could not fail; where it does not, 
 services answer on the plain path and the test still runs.
 
 The seed is printed with every failure; BETTERCOMPUTE_TEST_READ_SEED=<seed> replays it.
-`test_a_one_sided_change_is_reported` shows the comparison bites: each of three
+`test_a_one_sided_change_is_reported` shows the comparison bites: each of four
 one-sided changes, patched into the real modules before the services are built, makes
 the same comparison report differences.
 """
@@ -332,20 +333,30 @@ class _Enough(Exception):
 # --- the requests ----------------------------------------------------------------------
 
 GRANT_FIELDS = ["via", "tenantId", "includeDescendants", "priority", "offeredAt", "__typename"]
+# A capacity row's lender's values: the owner with compute:pools:share sees them.
+LENDER_FIELDS = ["offered", "guestUsed", "overcommit"]
+CAPACITY_FIELDS = CAPACITY.split() + LENDER_FIELDS
+QUOTA_FIELDS = ["resource", "max", "used", "poolId"]
+LENDING_FIELDS = ["poolId", *CAPACITY_FIELDS]
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
     return " ".join(rng.sample(names, k=rng.randint(least, len(names))))
 
 
+def _quota_selection(rng: random.Random) -> str:
+    """Some values of a quota row, and its grant, mostly."""
+    grant = f" grant {{ {_sample(rng, GRANT_FIELDS, 1)} }}" if rng.random() < 0.8 else ""
+    return f"{_sample(rng, QUOTA_FIELDS, 1)}{grant}"
+
+
 def _pool_selection(rng: random.Random, offers: bool) -> str:
     """A Pool selection: `id`, some values, quotas (with a grant, mostly), capacity, and
     the owner's offers when asked."""
     parts = ["id", _sample(rng, POOL_VALUES[1:], 3)]
-    grant = f" grant {{ {_sample(rng, GRANT_FIELDS, 1)} }}" if rng.random() < 0.8 else ""
-    parts.append(f"quotas {{ {_sample(rng, ['resource', 'max', 'used', 'poolId'], 1)}{grant} }}")
+    parts.append(f"quotas {{ {_quota_selection(rng)} }}")
     if rng.random() < 0.7:
-        parts.append(f"capacity {{ {_sample(rng, CAPACITY.split(), 1)} }}")
+        parts.append(f"capacity {{ {_sample(rng, CAPACITY_FIELDS, 1)} }}")
     if offers:
         parts.append(f"offers {{ {OFFERS} }}")
     rng.shuffle(parts)
@@ -361,6 +372,9 @@ class Queries:
     offers: str  # nodes with the owner's offers (PERMISSION_DENIED without share)
     one: str  # pool(id)
     full: str  # pool(id) with every value, quotas, capacity, offers
+    quotas: str  # quotas(tenantId, poolId?): every pool's rows, or one's
+    capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
+    lending: str  # lending(tenantId, first): the owner's ranked capacity rows
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -389,7 +403,19 @@ class Queries:
             f" {' '.join(POOL_VALUES)} quotas {{ {QUOTA} }} capacity {{ {CAPACITY} }}"
             f" offers {{ {OFFERS} }} }} }}"
         )
-        return cls(page, nodes, offers, one, full, generated(6, seed))
+        quotas = (
+            "query Quotas($t: String!, $p: ID) { quotas(tenantId: $t, poolId: $p) {"
+            f" {_quota_selection(rng)} }} }}"
+        )
+        capacity = (
+            "query Capacity($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) {"
+            f" {_sample(rng, CAPACITY_FIELDS, 1)} }} }}"
+        )
+        lending = (
+            "query Lending($t: String!, $first: Int) { lending(tenantId: $t, first: $first) {"
+            f" {_sample(rng, LENDING_FIELDS, 1)} }} }}"
+        )
+        return cls(page, nodes, offers, one, full, quotas, capacity, lending, generated(6, seed))
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -402,6 +428,25 @@ def _get(reader: Reader, body: Any, note: str) -> Call:
 
 def _list(reader: Reader, body: Any, note: str) -> Call:
     return Call("rest list", reader, "/api/compute/pools/list", body, note)
+
+
+def _capacity(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest capacity", reader, "/api/compute/pools/capacity", body, note)
+
+
+def _lending(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest lending", reader, "/api/compute/pools/lending", body, note)
+
+
+def _lending_reads(reader: Reader, queries: Queries, first: int | None, note: str) -> list[Call]:
+    """The owner's ranked capacity rows on each surface, `first` of them (None: unsaid)."""
+    t = reader.tenant
+    body = {"tenantId": t} if first is None else {"tenantId": t, "first": first}
+    variables = {"t": t} if first is None else {"t": t, "first": first}
+    return [
+        _graphql("graphql lending", reader, queries.lending, variables, note),
+        _lending(reader, body, note),
+    ]
 
 
 def _node_ids(answer: Answer) -> list[str]:
@@ -503,6 +548,14 @@ async def _read_as_every_reader(
                     "graphql pool", reader, queries.one, {"t": t, "p": "nope"}, "bad id"
                 )
                 await compare(pair, log, call, report)
+            # The tenant's quota rows in every pool, then in one; one pool's rollup (the
+            # visible target, and one other).
+            every = _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool")
+            await compare(pair, log, every, report)
+            others = [k for k in targets if k != "visible"]
+            for note in ("visible", rng.choice(others)):
+                for call in _one_pool_reads(reader, queries, targets[note], note)[2:]:
+                    await compare(pair, log, call, report)
             # A random selection (tests/graphql/test_compiled_parity.generated).
             query, drawn = rng.choice(queries.drawn)
             variables = {
@@ -526,6 +579,19 @@ async def _read_as_every_reader(
             ]
             for body, note in rng.sample(bad, k=3):
                 await compare(pair, log, _get(reader, body, note), report)
+            body, note = rng.choice(bad)  # `capacity` takes `get`'s input
+            await compare(pair, log, _capacity(reader, body, note), report)
+            # The owner's ranked capacity rows: all, a few, and odd input.
+            odd_first = rng.choice([0, 101, -1])  # 101 and -1: INVALID_INPUT
+            for first, note in (
+                (None, "all"),
+                (rng.choice((1, 2, 3)), "a few"),
+                (odd_first, "odd"),
+            ):
+                for call in _lending_reads(reader, queries, first, note):
+                    await compare(pair, log, call, report)
+            unknown = {"tenantId": t, **rng.choice(UNKNOWN_FIELDS[:-1])}  # `first` is known
+            await compare(pair, log, _lending(reader, unknown, "an unknown field"), report)
             # REST list: every pool, then a body the compiled list leaves to the plain path
             # (a selector) or that the plain path refuses.
             await compare(pair, log, _list(reader, {"tenantId": t}, "all"), report)
@@ -546,9 +612,21 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
     t = reader.tenant
     return [
         _graphql("graphql pools", reader, queries.nodes, {"t": t, "first": 100}, note),
+        *_one_pool_reads(reader, queries, pool_id, note),
+        _list(reader, {"tenantId": t}, note),
+        *_lending_reads(reader, queries, None, note),
+    ]
+
+
+def _one_pool_reads(reader: Reader, queries: Queries, pool_id: str, note: str) -> list[Call]:
+    """`pool` and `get`, then the pool's quota rows and its rollup on each surface."""
+    t = reader.tenant
+    return [
         _graphql("graphql pool", reader, queries.one, {"t": t, "p": pool_id}, note),
         _get(reader, {"tenantId": t, "poolId": pool_id}, note),
-        _list(reader, {"tenantId": t}, note),
+        _graphql("graphql quotas", reader, queries.quotas, {"t": t, "p": pool_id}, note),
+        _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool_id}, note),
+        _capacity(reader, {"tenantId": t, "poolId": pool_id}, note),
     ]
 
 
@@ -605,7 +683,17 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         compiling = compiles(pair.fast)
     print(report.summary())
     assert not report.differences, report.failure()
-    kinds = ("graphql pools", "graphql pool", "rest get", "rest list")
+    kinds = (
+        "graphql pools",
+        "graphql pool",
+        "graphql quotas",
+        "graphql capacity",
+        "rest get",
+        "rest list",
+        "rest capacity",
+        "graphql lending",
+        "rest lending",
+    )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
         assert not missing, f"never compiled: {missing}; {report.summary()}"
@@ -619,6 +707,14 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest get 400 INVALID_INPUT",
         "rest get 401 UNAUTHENTICATED",
         "rest list 200 ok",
+        "rest capacity 200 ok",
+        "rest capacity 404 NOT_FOUND",
+        "graphql quotas 200 ok",
+        "graphql quotas 200 NOT_FOUND",
+        "graphql capacity 200 ok",
+        "graphql lending 200 ok",
+        "rest lending 200 ok",
+        "rest lending 400 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
@@ -694,6 +790,10 @@ async def test_the_traces_name_the_same_spans(
             _graphql("graphql pool", reader, queries.one, {"t": t, "p": MISSING_POOL}, "missing"),
             _get(reader, {"tenantId": t, "poolId": pool}, "one"),
             _get(reader, {"tenantId": t, "poolId": pool, "colour": "red"}, "an unknown field"),
+            _capacity(reader, {"tenantId": t, "poolId": pool}, "one"),
+            _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool"),
+            _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
+            *_lending_reads(reader, queries, 2, "a few"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)
@@ -747,6 +847,19 @@ def _drop_grant_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_reads, "_fields", without_priority)
 
 
+def _lend_the_owners_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled builder only: the lender's sums count the owner's own quota rows as
+    lent (every offer holder's but no one's)."""
+    from sqlalchemy import String, literal
+
+    from app.capacity import json_reads, read_rules
+
+    def with_the_owner(_owner: Any) -> Any:
+        return read_rules.guest_quotas(literal("", String))
+
+    monkeypatch.setattr(json_reads, "guest_quotas", with_the_owner)
+
+
 def _archived_shown(d: Difference) -> bool:
     """REST `get` finds a pool the plain path does not (404), or a page lists more."""
     if d.aspect == "status":
@@ -760,6 +873,11 @@ def _quotas_reordered(d: Difference) -> bool:
 
 def _grant_priority_dropped(d: Difference) -> bool:
     return d.aspect == "body" and b'"priority"' in d.plain and d.compiled
+
+
+def _owners_rows_lent(d: Difference) -> bool:
+    """A compiled answer's lender's values differ (`offered` more, say)."""
+    return d.aspect == "body" and d.compiled and b'"offered":' in d.plain
 
 
 def _without_quota_order(body: bytes) -> Any:
@@ -784,6 +902,7 @@ BITES: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], Callable[[Differenc
     "compiled-drops-archived-filter": (_drop_archived_filter, _archived_shown),
     "plain-reorders-quotas": (_reorder_quotas, _quotas_reordered),
     "compiled-drops-grant-priority": (_drop_grant_priority, _grant_priority_dropped),
+    "compiled-lends-the-owners-rows": (_lend_the_owners_rows, _owners_rows_lent),
 }
 
 

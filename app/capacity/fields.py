@@ -22,7 +22,7 @@ A leaf of the domain: it imports the models' tables and the input literals, noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -287,7 +287,7 @@ POOL = Table(
             None,
             "GuestLending",
             nullable=True,
-            uncompiled="the lender's view, summed from the offers in Python (pool_reads)",
+            uncompiled="the owner's offers to guests, each with its rows: not compiled yet",
         ),
         Relation(
             "reservations",
@@ -359,7 +359,6 @@ GRANT = Table(
 )
 
 _LENDER = "the lender's view: present for the owner with compute:pools:share only"
-_LENDER_SUMS = "the lender's view, summed from the offers in Python (pool_reads)"
 
 CAPACITY = Table(
     "CapacityRow",
@@ -388,7 +387,7 @@ CAPACITY = Table(
             "offered",
             "long",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -398,7 +397,7 @@ CAPACITY = Table(
             "guestUsed",
             "long",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -408,8 +407,25 @@ CAPACITY = Table(
             "overcommit",
             "float",
             True,
-            uncompiled=_LENDER_SUMS,
+            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
             optional=_LENDER,
+        ),
+    ),
+)
+
+# A capacity row of the owner's fleet, ranked by what it lent (`lending`): the pool, and
+# the row with the lender's values, always shown here (the read is the owner's with
+# compute:pools:share). REST's component (openapi.py: LendingRow) is CapacityRow's.
+LENDING_ROW = Table(
+    "LendingRow",
+    None,
+    (
+        Value("pool_id", "poolId", "poolId", "id", column=_c(CapacityRow, "pool_id")),
+        *(
+            replace(e, nullable=e.kind == "float", optional=None, rest_nullable=None)
+            if isinstance(e, Value) and e.optional is not None
+            else e
+            for e in CAPACITY.entries
         ),
     ),
 )
@@ -467,7 +483,7 @@ PAGE_INFO = Table(
 )
 
 TABLES: dict[str, Table] = {
-    t.graphql: t for t in (POOL, QUOTA, GRANT, CAPACITY, OFFER, RESERVATION, PAGE_INFO)
+    t.graphql: t for t in (POOL, QUOTA, GRANT, CAPACITY, LENDING_ROW, OFFER, RESERVATION, PAGE_INFO)
 }
 
 # The compiled builder's kinds of objects (json_reads), each with its table: a pool, and
@@ -477,6 +493,7 @@ for _table in tuple(TABLES.values()):
     for _entry in _table.entries:
         if isinstance(_entry, Relation) and _entry.rows is not None:
             ROW_TABLES[_entry.rows] = TABLES[_entry.of]
+ROW_TABLES["lending"] = LENDING_ROW  # a root's rows, no relation's
 
 
 def graphql_values(kind: str) -> dict[str, str]:

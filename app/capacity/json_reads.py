@@ -49,7 +49,15 @@ from sqlalchemy import (
 from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
 from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
-from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
+from app.capacity.inputs import (
+    MAX_AMOUNT,
+    CapacityInput,
+    GetPoolInput,
+    LendingInput,
+    ListPoolsInput,
+    ListQuotasInput,
+    MethodInput,
+)
 from app.capacity.json_sql import (
     JsonArray,
     JsonBool,
@@ -60,10 +68,12 @@ from app.capacity.json_sql import (
     json_object,
     sql_literal,
 )
+from app.capacity.lending import rank
 from app.capacity.paging import encode_cursor
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
     booked_quotas,
+    guest_quotas,
     lineage_cte,
     nearest_grants,
     offers_shown,
@@ -73,21 +83,25 @@ from app.capacity.read_rules import (
     token_live,
 )
 from app.capacity.shapes import (
+    CapacityShape,
     Constant,
     Field,
+    LendingShape,
     ListShape,
     Nested,
     PageShape,
     PoolShape,
+    QuotasShape,
     Read,
     Rows,
     Shape,
 )
+from app.capacity.views import CapacityView, LendingRowView, guest_sums, overcommit
 from app.db.direct import traced
 from app.db.engine import Database
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_READ
+from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE
 from app.metrics import statement_sent
 
 # json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
@@ -189,6 +203,10 @@ def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
 
 
 def _value(field: Read, kind: str, row: CTE) -> ColumnElement[Any]:
+    if kind in ("capacity", "lending") and field.value in _LENT and field.mapping is None:
+        return _lent(row)
+    if kind == "lending" and field.value == _RANKED:
+        return _ranked_by(row)
     entry = _COLUMNS[kind].get(field.value)
     if entry is None:
         raise Unsupported(f"{field.value} here")
@@ -302,10 +320,22 @@ class CompiledRead:
     reads_capacity: bool
     shows_policy: bool  # masked once parsed (`readable`)
     shows_cursors: bool  # encoded once parsed (`readable`)
+    shows_lender: bool = False  # summed once parsed (`readable`)
+    needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
 
     @property
     def page(self) -> bool:
         return isinstance(self.shape, PageShape)
+
+    @property
+    def quotas(self) -> bool:
+        """The tenant's quota rows (`quotas`): every pool, or one (`pool_id`)."""
+        return isinstance(self.shape, QuotasShape)
+
+    @property
+    def lending(self) -> bool:
+        """The owner's ranked capacity rows (`lending`): at most `first`, once ranked."""
+        return isinstance(self.shape, LendingShape)
 
     @property
     def every(self) -> bool:
@@ -347,19 +377,35 @@ def compile_read(
     except Unsupported:
         return None
     needs = _needs(shape.fields)
-    model = GetPoolInput if isinstance(shape, PoolShape) else ListPoolsInput
     return CompiledRead(
         shape,
         statement,
-        model,
-        "capacity" in needs,
+        _INPUTS.get(type(shape), ListPoolsInput),
+        "capacity" in needs or isinstance(shape, CapacityShape),
         "policy" in needs,
         "cursor" in needs,
+        "lender" in needs,
+        isinstance(shape, LendingShape),
     )
+
+
+# Each read's method input (app/catalog.py), by shape; a page or a list is `list`'s.
+_INPUTS: dict[type, type[MethodInput]] = {
+    PoolShape: GetPoolInput,
+    QuotasShape: ListQuotasInput,
+    CapacityShape: CapacityInput,
+    LendingShape: LendingInput,
+}
 
 
 def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
     pairs: list[tuple[str, ColumnElement[Any]]] = [(c.key, sql_literal(c.value)) for c in root]
+    if isinstance(shape, QuotasShape):
+        return _quotas_statement(shape, pairs)
+    if isinstance(shape, CapacityShape):
+        return _capacity_statement(shape, pairs)
+    if isinstance(shape, LendingShape):
+        return _lending_statement(shape, pairs)
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
@@ -371,14 +417,7 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
     live = token_live(_TOKEN, _ROLE)
 
     def granted(*where: ColumnElement[bool]) -> Select[Any]:
-        """The pools the lineage sees (of the authz rows matching `where`), each with the
-        tenant whose authz row grants it, archived ones for their owner only."""
-        grants = nearest_grants(lineage, *where).subquery("grants")
-        return (
-            select(pools, grants.c.grant_tenant)
-            .join(grants, grants.c.pool_id == pools.c.id)
-            .where(pool_seen_by(_TENANT))
-        )
+        return _granted(lineage, *where)
 
     if isinstance(shape, ListShape):
         every = granted().cte("every")
@@ -407,6 +446,154 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
     return statement
 
 
+def _granted(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
+    """The pools the lineage sees (of the authz rows matching `where`), each with the
+    tenant whose authz row grants it, archived ones for their owner only."""
+    pools = Pool.__table__
+    grants = nearest_grants(lineage, *where).subquery("grants")
+    return (
+        select(pools, grants.c.grant_tenant)
+        .join(grants, grants.c.pool_id == pools.c.id)
+        .where(pool_seen_by(_TENANT))
+    )
+
+
+# --- the tenant's quota rows (`quotas`), a pool's rollup (`capacity`), and the owner's
+# --- capacity rows ranked by what it lent (`lending`) -----------------------------------
+
+# The lender's values of a capacity row. The statement carries what they are made of
+# (`_lent`); they are summed once parsed (`_lender_value`) by views.guest_sums, as the
+# plain read sums the same rows (app/capacity/lending.py).
+_LENT = frozenset({"offered", "guest_used", "overcommit"})
+
+
+class _Unsure(Exception):
+    """The parsed answer is not one this path is sure of: the plain read answers."""
+
+
+def _lent(row: CTE) -> ColumnElement[Any]:
+    """What a capacity row of pool `row` carries for each lender's value: null for anyone
+    but the pool's owner with compute:pools:share (read_rules.offers_shown), else
+    {"a": allocatable, "g": [{"m": max, "u": used}, ...]} over the guests' quota rows of
+    its resource (read_rules.guest_quotas)."""
+    quota, capacity = QuotaRow.__table__.c, CapacityRow.__table__.c
+    # Correlated to the pool two levels up too (auto-correlation stops at one).
+    guests = (
+        guest_quotas(row.c.tenant_id)
+        .where(quota.pool_id == row.c.id, quota.resource == capacity.resource)
+        .correlate(row, CapacityRow.__table__)
+    )
+    rows = JsonArray(json_object([("m", quota.max), ("u", quota.used)]), guests, ())
+    lent = json_object([("a", capacity.allocatable), ("g", rows)])
+    return JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), lent)))
+
+
+def _sums(lent: dict[str, Any]) -> tuple[int, int]:
+    """`offered` and `guestUsed` of a parsed `_lent` (views.guest_sums); past a Long, the
+    plain read's to answer."""
+    offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
+    if offered > MAX_AMOUNT or used > MAX_AMOUNT:
+        raise _Unsure
+    return offered, used
+
+
+def _lender_value(value: dict[str, Any], field: Read, absent: bool) -> None:
+    """A lender's value of a parsed capacity row, in place: the sums of its guests' rows
+    (views.guest_sums), or offered / allocatable (views.overcommit). Not shown: null, or
+    no key at all where the surface leaves it out (`absent`: REST). A sum past a Long is
+    left to the plain read (GraphQL's Long refuses it there)."""
+    lent = value[field.key]
+    if lent is None:
+        if absent:
+            del value[field.key]
+        return
+    offered, used = _sums(lent)
+    if field.value == "offered":
+        value[field.key] = offered
+    elif field.value == "guest_used":
+        value[field.key] = used
+    else:
+        value[field.key] = overcommit(offered, lent["a"])
+
+
+# `lending`'s rows carry, under a key no field can have, what ranks them: the pool, the
+# resource and the lender's values' makings (`_lent`); ranked once parsed by
+# lending.rank, the plain read's order, and dropped.
+_RANKED = "#ranked"
+
+
+def _ranked_by(row: CTE) -> ColumnElement[Any]:
+    capacity = CapacityRow.__table__.c
+    return json_object([("p", capacity.pool_id), ("r", capacity.resource), ("l", _lent(row))])
+
+
+def _ranked(rows: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """`lending`'s parsed rows, ranked as the plain read ranks them (lending.rank), the
+    first `first`."""
+    ranks: list[tuple[tuple[float, str, str], int]] = []
+    for n, row in enumerate(rows):
+        by = row.pop(_RANKED)
+        view = CapacityView(by["r"], 0, by["l"]["a"], 0, *_sums(by["l"]))
+        ranks.append((rank(LendingRowView(by["p"], view)), n))
+    ranks.sort()
+    return [rows[n] for _, n in ranks[:first]]
+
+
+def _lending_statement(
+    shape: LendingShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """Every capacity row of the tenant's live pools whose offers the caller reads
+    (read_rules.offers_shown: its own, with compute:pools:share), in pool and resource
+    order, each with what ranks it; ranked and cut once parsed (`_ranked`)."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    pools = Pool.__table__
+    owned = (
+        _granted(lineage)
+        .where(pools.c.archived.is_(False), offers_shown(pools.c.tenant_id, _TENANT, _SHARES))
+        .cte("owned")
+    )
+    item = _fields("lending", (*shape.fields, Read(_RANKED, _RANKED)), owned)
+    capacity = CapacityRow.__table__
+    rows = select().select_from(owned, capacity).where(capacity.c.pool_id == owned.c.id)
+    pairs.append((shape.key, JsonArray(item, rows, (owned.c.id, *_ROW_ORDER["capacity"]))))
+    return select(cast(_object(pairs), Text)).where(
+        token_live(_TOKEN, _ROLE), exists(select(lineage.c.id))
+    )
+
+
+def _quotas_statement(
+    shape: QuotasShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """The rows the tenant books against in every pool it sees, or in one (`pool_id`:
+    NULL when the tenant does not see it, for the plain read's NOT_FOUND), in pool and
+    resource order."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    every = _granted(lineage, or_(_POOL_ID.is_(None), AuthzRow.pool_id == _POOL_ID)).cte("every")
+    item = _fields("quotas", shape.fields, every)
+    source = quotas_with_offers() if _reads_offer(item) else QuotaRow.__table__
+    rows = (
+        select().select_from(every, source).where(booked_quotas(every.c.id, every.c.grant_tenant))
+    )
+    pairs.append((shape.key, JsonArray(item, rows, (every.c.id, *_ROW_ORDER["quotas"]))))
+    return select(cast(_object(pairs), Text)).where(
+        token_live(_TOKEN, _ROLE),
+        exists(select(lineage.c.id)),
+        or_(_POOL_ID.is_(None), exists(select(every.c.id))),
+    )
+
+
+def _capacity_statement(
+    shape: CapacityShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """One pool's rollup rows, the pool as `get` finds it (NULL when not visible)."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    target = _granted(lineage, AuthzRow.pool_id == _POOL_ID).cte("target")
+    item = _fields("capacity", shape.fields, target)
+    rows = JsonArray(item, _ROW_SOURCES["capacity"](target), _ROW_ORDER["capacity"])
+    pairs.append((shape.key, rows))
+    return select(cast(_object(pairs), Text)).select_from(target).where(token_live(_TOKEN, _ROLE))
+
+
 def _all(fields: tuple[Field, ...]) -> list[Field]:
     """Every field, nested ones too."""
     found: list[Field] = []
@@ -428,22 +615,35 @@ def _needs(fields: tuple[Field, ...]) -> set[str]:
             found.add("policy")
         elif isinstance(f, Read) and f.value in _CURSORS:
             found.add("cursor")
+        elif isinstance(f, Read) and f.value in _LENT:
+            found.add("lender")
     return found
 
 
-def readable(data: Any, read: CompiledRead) -> Any:
+def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
-    no secret) and every cursor encoded (paging.encode_cursor), found by the shape's
-    keys."""
-    if read.shows_policy or read.shows_cursors:
-        _finish(data[read.shape.key], read.shape.fields)
+    no secret), every cursor encoded (paging.encode_cursor) and the lender's values
+    summed (`_lender_value`), found by the shape's keys, and `lending`'s rows ranked
+    (the first `first` kept); None when the plain read might answer otherwise (a sum
+    past a Long)."""
+    if read.shows_policy or read.shows_cursors or read.shows_lender or read.lending:
+        absent = isinstance(read.shape, CapacityShape) and read.shape.lender_keys_absent
+        try:
+            _finish(data[read.shape.key], read.shape.fields, read.shows_lender, absent)
+            if read.lending:
+                assert first is not None
+                data[read.shape.key] = _ranked(data[read.shape.key], first)
+        except _Unsure:
+            return None
     return data
 
 
-def _finish(value: Any, fields: tuple[Field, ...]) -> None:
+def _finish(
+    value: Any, fields: tuple[Field, ...], lender: bool = False, absent: bool = False
+) -> None:
     if isinstance(value, list):
         for item in value:
-            _finish(item, fields)
+            _finish(item, fields, lender, absent)
         return
     if not isinstance(value, dict):
         return  # null
@@ -453,8 +653,12 @@ def _finish(value: Any, fields: tuple[Field, ...]) -> None:
         elif isinstance(f, Read) and f.value in _CURSORS:
             if value[f.key] is not None:
                 value[f.key] = encode_cursor(value[f.key])
-        elif isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor"}:
-            _finish(value[f.key], f.fields)
+        elif lender and isinstance(f, Read) and f.value in _LENT:
+            _lender_value(value, f, absent)
+        elif (isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor", "lender"}) or (
+            lender and isinstance(f, Rows) and f.kind == "capacity"  # a pool's rollup
+        ):
+            _finish(value[f.key], f.fields, lender)
 
 
 def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
@@ -464,6 +668,8 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
     if principal.conditions or not principal.has(POOLS_READ):
         return False
     if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
+        return False
+    if read.needs_share and not principal.has(POOLS_SHARE):
         return False
     return not read.reads_capacity or principal.has(CAPACITY_READ)
 

@@ -8,50 +8,42 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import bindparam
 
 from app.capacity.access import resolve_actor, sees_offers
 from app.capacity.inputs import LendingInput
+from app.capacity.read_rules import guest_quotas
 from app.capacity.reads import Actor, capacity_of, visible_pools
-from app.capacity.views import CapacityView, LendingRowView, PoolView
+from app.capacity.views import CapacityView, LendingRowView, PoolView, guest_sums
 from app.catalog import LENDING
 from app.db.engine import Executor
-from app.db.models import Offer, Pool, QuotaRow
+from app.db.models import Pool, QuotaRow
 from app.iam.principal import Principal
 
 # {pool_id: {resource: (sum of guest maxima, sum of guest used)}}
 GuestTotals = dict[str, dict[str, tuple[int, int]]]
 
 
-# The guests' quota rows of some pools: every tenant holding an offer but the owner.
-# Built once, the pools bound per call.
+# The guests' quota rows of some pools (read_rules.guest_quotas: every tenant holding an
+# offer but the owner). Built once, the pools bound per call.
 _GUEST_ROWS = (
-    select(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
-    .join(
-        Offer,
-        and_(Offer.pool_id == QuotaRow.pool_id, Offer.tenant_id == QuotaRow.tenant_id),
-    )
+    guest_quotas(Pool.__table__.c.tenant_id)
+    .add_columns(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
     .join(Pool, Pool.id == QuotaRow.pool_id)
-    .where(
-        QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)),
-        QuotaRow.tenant_id != Pool.tenant_id,
-    )
+    .where(QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)))
 )
 
 
 async def guest_totals(executor: Executor, pool_ids: Sequence[str]) -> GuestTotals:
-    """Per pool and resource, the guests' quota maxima and use: the rows of every tenant
-    holding an offer other than the owner. Summed here, not in SQL: exact past 64 bits on
-    both dialects (a maximum may be 2^63 - 1; SQLite's sum() would overflow)."""
+    """Per pool and resource, the guests' quota maxima and use (views.guest_sums: in
+    Python, exact past 64 bits on both dialects, as the compiled read sums them)."""
     if not pool_ids:
         return {}
     rows = await executor.execute(_GUEST_ROWS, {"pool_ids": list(pool_ids)})
-    sums: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    held: dict[str, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        total = sums[r.pool_id][r.resource]
-        total[0] += r.max
-        total[1] += r.used
-    return {p: {res: (t[0], t[1]) for res, t in sums[p].items()} for p in pool_ids}
+        held[r.pool_id][r.resource].append((r.max, r.used))
+    return {p: {res: guest_sums(rs) for res, rs in held[p].items()} for p in pool_ids}
 
 
 def with_lending(
@@ -84,9 +76,10 @@ async def lent_capacity(
     }
 
 
-def _rank(row: LendingRowView) -> tuple[float, str, str]:
+def rank(row: LendingRowView) -> tuple[float, str, str]:
     """Most overcommitted first; lent capacity the pool does not have (allocatable 0) first
-    of all; ties in pool and resource order."""
+    of all; ties in pool and resource order. The compiled `lending` ranks by it too
+    (json_reads)."""
     ratio = row.capacity.overcommit
     if ratio is None:
         ratio = math.inf if (row.capacity.offered or 0) > 0 else -1.0
@@ -103,4 +96,4 @@ async def lending(
     pools = [p for p in pools if sees_offers(principal, p)]
     capacity = await lent_capacity(executor, principal, pools)
     rows = [LendingRowView(p.id, row) for p in pools for row in capacity[p.id]]
-    return sorted(rows, key=_rank)[: inp.first]
+    return sorted(rows, key=rank)[: inp.first]

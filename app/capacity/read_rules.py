@@ -14,7 +14,7 @@ are all built from these objects; none of the rules is written again as SQL text
 - `pool_seen_by`: archived pools are seen by their owner only;
 - `booked_quotas`: the quota rows a viewer books against (the grant tenant's rows),
   `quota_offer`: the offer that gives a quota row (seen from an offer: its rows), and
-  `quotas_with_offers`: the rows joined with it;
+  `quotas_with_offers`: the rows joined with it; `guest_quotas`: the rows an owner lent;
 - `offers_shown`: offers are shown to the pool's owner with compute:pools:share only;
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
 - each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
@@ -141,6 +141,15 @@ def quota_offer() -> ColumnElement[bool]:
 def quotas_with_offers() -> Join:
     """Quota rows, each with the offer that gives it (outer-joined: none once it ended)."""
     return QuotaRow.__table__.outerjoin(Offer.__table__, quota_offer())
+
+
+def guest_quotas(owner: ColumnElement[str]) -> Select[Any]:
+    """The quota rows a pool's owner lent (the lender's view, CONTRACT section 10), no
+    columns selected yet: the rows of every tenant holding an offer of the pool but its
+    owner (`owner`: the pool's), each with that offer (inner-joined: a row whose offer
+    ended lends nothing). Summed per resource by views.guest_sums, on either read."""
+    offered = QuotaRow.__table__.join(Offer.__table__, quota_offer())
+    return select().select_from(offered).where(QuotaRow.tenant_id != owner)
 
 
 def booked_quotas(

@@ -274,9 +274,10 @@ class Capacity:
     def compile_read(
         self, shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
-        """`list` (a PageShape: a page; a ListShape: every pool) or `get` (a PoolShape)
-        as one statement for this store's dialect that answers in JSON, with `root`'s
-        constants beside it; None when no statement builds it."""
+        """`list` (a PageShape: a page; a ListShape: every pool), `get` (a PoolShape),
+        `quotas` (a QuotasShape), `capacity` (a CapacityShape) or `lending` (a
+        LendingShape) as one statement for this store's dialect that answers in JSON,
+        with `root`'s constants beside it; None when no statement builds it."""
         return json_reads.compile_read(shape, root, dialect=self.db.dialect)
 
     async def read_json(
@@ -298,8 +299,17 @@ class Capacity:
         if not self.compiles_reads:
             return None
         arguments: dict[str, object]
+        first: int | None = None  # `lending`'s: kept once ranked
         try:
-            if read.every:
+            if read.lending:
+                lent = parse_input(read.input, args)
+                assert isinstance(lent, LendingInput)
+                tenant_id, arguments, first = lent.tenant_id, {}, lent.first
+            elif read.quotas:
+                quotas = parse_input(read.input, args)
+                assert isinstance(quotas, ListQuotasInput)
+                tenant_id, arguments = quotas.tenant_id, {"pool_id": quotas.pool_id}
+            elif read.every:
                 listed = parse_input(read.input, args)
                 assert isinstance(listed, ListPoolsInput)
                 if listed.label_selector is not None:
@@ -317,7 +327,7 @@ class Capacity:
                     args.get("after"),  # type: ignore[arg-type]
                 )
                 tenant_id, arguments = listed.tenant_id, {"after": page.after, "first": page.first}
-            else:
+            else:  # `get`, or `capacity` (a CapacityInput: a pool's)
                 get = parse_input(read.input, args)
                 assert isinstance(get, GetPoolInput)
                 tenant_id, arguments = get.tenant_id, {"pool_id": get.pool_id}
@@ -333,7 +343,7 @@ class Capacity:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc
             raise
-        return None if text is None else json_reads.readable(orjson.loads(text), read)
+        return None if text is None else json_reads.readable(orjson.loads(text), read, first)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(

@@ -98,4 +98,33 @@ class ListShape:
     fields: tuple[Field, ...]
 
 
-Shape = PageShape | PoolShape | ListShape
+@dataclass(frozen=True, slots=True)
+class QuotasShape:
+    """The quota rows the tenant books against, in every pool it may read or in one (the
+    `quotas` read), in pool and resource order, as one list under `key`."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityShape:
+    """One pool's rollup rows (the seed's `capacity`), in resource order, as one list
+    under `key`; for the pool's owner with compute:pools:share, the lender's values too.
+    Anyone else sees them null, or, with `lender_keys_absent` (REST), not at all."""
+
+    key: str
+    fields: tuple[Field, ...]
+    lender_keys_absent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LendingShape:
+    """The capacity rows of the tenant's live pools, with the lender's values, the most
+    overcommitted first (the `lending` read), at most `first` of them, under `key`."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -38,10 +39,30 @@ class CapacityView:
 
     @property
     def overcommit(self) -> float | None:
-        """offered / allocatable: above 1, guests were promised more than the pool has."""
-        if self.offered is None or self.allocatable <= 0:
-            return None
-        return self.offered / self.allocatable
+        return overcommit(self.offered, self.allocatable)
+
+
+# The lender's view's arithmetic, for the plain read (app/capacity/lending.py) and the
+# compiled one (json_reads, once its answer is parsed): both sum the same guests' rows
+# (read_rules.guest_quotas) here, in Python, exact past 64 bits on both dialects (a
+# maximum may be 2^63 - 1; SQLite's sum() would overflow).
+
+
+def guest_sums(rows: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """`offered` and `guestUsed` of one resource: the sums of the guests' quota rows'
+    (max, used)."""
+    offered = used = 0
+    for most, held in rows:
+        offered += most
+        used += held
+    return offered, used
+
+
+def overcommit(offered: int | None, allocatable: int) -> float | None:
+    """offered / allocatable: above 1, guests were promised more than the pool has."""
+    if offered is None or allocatable <= 0:
+        return None
+    return offered / allocatable
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any
 from app.capacity.fields import (
     CAPACITY,
     GRANT,
+    LENDING_ROW,
     OFFER,
     POOL,
     QUOTA,
@@ -21,8 +22,16 @@ from app.capacity.fields import (
     timestamp,
 )
 from app.capacity.paging import Page
+from app.capacity.shapes import (
+    CapacityShape,
+    LendingShape,
+    ListShape,
+    Nested,
+    PoolShape,
+    Read,
+    Rows,
+)
 from app.capacity.shapes import Field as ShapeField
-from app.capacity.shapes import ListShape, Nested, PoolShape, Read, Rows
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -92,7 +101,8 @@ grant_json = _renderer(GRANT)
 _access_grant_json = _renderer(GRANT, ("via",))  # `access` says how the grant is held
 reservation_json = _renderer(RESERVATION)
 _capacity_json = _renderer(CAPACITY)
-_lender_json = _renderer(CAPACITY, tuple(e.name for e in CAPACITY.entries if e.optional))
+_LENDER_KEYS = tuple(e.name for e in CAPACITY.entries if e.optional)
+_lender_json = _renderer(CAPACITY, _LENDER_KEYS)
 
 
 def capacity_json(c: CapacityView) -> dict[str, Any]:
@@ -100,8 +110,8 @@ def capacity_json(c: CapacityView) -> dict[str, Any]:
     return _capacity_json(c) if c.offered is None else _lender_json(c)
 
 
-def lending_json(r: LendingRowView) -> dict[str, Any]:
-    return {"poolId": r.pool_id, **capacity_json(r.capacity)}
+lending_json: Callable[[LendingRowView], dict[str, Any]] = _renderer(LENDING_ROW)
+"""A row of the owner's fleet: its pool, then the capacity row with the lender's values."""
 
 
 pool_json: Callable[[PoolDetail], dict[str, Any]] = _renderer(POOL, values_at="pool.")
@@ -137,6 +147,11 @@ def _shape(table: Table, keeps: tuple[str, ...] = ()) -> tuple[ShapeField, ...]:
 GET_SHAPE = PoolShape("pool", _shape(POOL))
 # `list`'s answer, {"pools": [pool_json(...), ...]}: every pool, each as `get` shows it.
 LIST_SHAPE = ListShape("pools", GET_SHAPE.fields)
+# `capacity`'s answer, {"capacity": [capacity_json(...), ...]}: the lender's keys for the
+# owner with compute:pools:share only, absent for anyone else.
+# `lending`'s answer, {"lending": [lending_json(...), ...]}, ranked once parsed.
+LENDING_SHAPE = LendingShape("lending", _shape(LENDING_ROW))
+CAPACITY_SHAPE = CapacityShape("capacity", _shape(CAPACITY, _LENDER_KEYS), lender_keys_absent=True)
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:

@@ -21,8 +21,11 @@ from sqlalchemy import Column, DateTime, literal, select
 
 from app.capacity import json_reads
 from app.capacity.fields import (
+    CAPACITY,
+    LENDING_ROW,
     PAGE_INFO,
     POOL,
+    QUOTA,
     ROW_TABLES,
     STATEMENT,
     TABLES,
@@ -207,6 +210,10 @@ _POOL, _PAGE = _selection(POOL), _selection(PAGE_INFO)
         "query($t: String!) { pools(tenantId: $t) { "
         f"nodes {{ {_POOL} }} pageInfo {{ {_PAGE} }} }} }}",
         f"query($t: String!, $p: ID!) {{ pool(tenantId: $t, poolId: $p) {{ {_POOL} }} }}",
+        f"query($t: String!) {{ quotas(tenantId: $t) {{ {_selection(QUOTA)} }} }}",
+        "query($t: String!, $p: ID!) { capacity(tenantId: $t, poolId: $p) "
+        f"{{ {_selection(CAPACITY)} }} }}",
+        f"query($t: String!) {{ lending(tenantId: $t) {{ {_selection(LENDING_ROW)} }} }}",
     ],
 )
 def test_a_query_of_every_compiled_field_is_planned(query: str, dialect: str) -> None:
