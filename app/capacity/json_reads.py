@@ -58,6 +58,7 @@ from app.capacity.json_sql import (
     Statement,
     compile_statement,
     json_object,
+    rows_from,
     sql_literal,
 )
 from app.capacity.paging import encode_cursor
@@ -150,22 +151,18 @@ def _over(expr: ColumnElement[Any], row: CTE) -> ColumnElement[Any]:
 # of the tenant whose grant lets the actor see the pool, with the offer that gives each;
 # the rollup; the offers; an offer's own rows.
 _ROW_SOURCES: dict[str, Callable[[CTE], Select[Any]]] = {
-    "quotas": lambda row: (
-        select()
-        .select_from(quotas_with_offers())
-        .where(booked_quotas(row.c.id, row.c.grant_tenant))
+    "quotas": lambda row: rows_from(quotas_with_offers()).where(
+        booked_quotas(row.c.id, row.c.grant_tenant)
     ),
     # Quota rows whose values read nothing of their offer: the same rows (at most one
     # offer gives a row), without the join (about a seventh of a dashboard page's
     # statement on SQLite).
-    "quotas_alone": lambda row: (
-        select().select_from(QuotaRow.__table__).where(booked_quotas(row.c.id, row.c.grant_tenant))
+    "quotas_alone": lambda row: rows_from(QuotaRow.__table__).where(
+        booked_quotas(row.c.id, row.c.grant_tenant)
     ),
-    "capacity": lambda row: (
-        select().select_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id)
-    ),
-    "offers": lambda row: select().select_from(Offer.__table__).where(Offer.pool_id == row.c.id),
-    "offer_quotas": lambda _row: select().select_from(QuotaRow.__table__).where(quota_offer()),
+    "capacity": lambda row: rows_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id),
+    "offers": lambda row: rows_from(Offer.__table__).where(Offer.pool_id == row.c.id),
+    "offer_quotas": lambda _row: rows_from(QuotaRow.__table__).where(quota_offer()),
 }
 
 
@@ -282,7 +279,7 @@ def _page(fields: tuple[Field, ...], page: CTE, shown: CTE) -> JsonObject:
             pairs.append((f.key, _object(info)))
         elif isinstance(f, Nested) and f.kind in ("nodes", "edges"):
             item = _fields("pool", f.fields, shown) if f.kind == "nodes" else _edge(f.fields, shown)
-            pairs.append((f.key, JsonArray(item, select().select_from(shown), (shown.c.id,))))
+            pairs.append((f.key, JsonArray(item, rows_from(shown), (shown.c.id,))))
         else:
             raise Unsupported(f"{f.key} on a page")
     return _object(pairs)
@@ -383,7 +380,7 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
     if isinstance(shape, ListShape):
         every = granted().cte("every")
         pool = _fields("pool", shape.fields, every)
-        pairs.append((shape.key, JsonArray(pool, select().select_from(every), (every.c.id,))))
+        pairs.append((shape.key, JsonArray(pool, rows_from(every), (every.c.id,))))
         statement = select(cast(_object(pairs), Text)).where(live, exists(select(lineage.c.id)))
         if declines:
             owned = exists(select(every.c.id).where(every.c.tenant_id == _TENANT))
