@@ -16,8 +16,10 @@ cannot see), and the caller then takes the plain path, which gives the exact err
 Callers with narrowed role bindings, and shapes that need per-pool IAM beyond
 compute:pools:read and compute:capacity:read, never come here (see `eligible`).
 
-The statement selects ids where the answer shows cursors; they are encoded
-(paging.encode_cursor) once the answer is parsed, as policies are masked (`readable`).
+Where the answer shows cursors, the statement selects ids on PostgreSQL, encoded
+(paging.encode_cursor) once the answer is parsed, as policies are masked (`readable`);
+on SQLite it encodes them itself (json_sql.JsonCursor), and an answer with nothing left
+to finish is handed to the transport unparsed (`answer`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     CTE,
     Boolean,
@@ -51,8 +54,10 @@ from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_
 from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import GetPoolInput, ListPoolsInput, MethodInput
 from app.capacity.json_sql import (
+    ENCODES_CURSORS,
     JsonArray,
     JsonBool,
+    JsonCursor,
     JsonNested,
     JsonObject,
     Statement,
@@ -238,7 +243,7 @@ def _edge(fields: tuple[Field, ...], row: CTE) -> JsonObject:
     pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Read) and f.value == "cursor":
-            pairs.append((f.key, row.c.id))  # encoded once parsed (`readable`)
+            pairs.append((f.key, JsonCursor(row.c.id)))
         elif isinstance(f, Nested) and f.kind == "node":
             pairs.append((f.key, _fields("pool", f.fields, row)))
         elif isinstance(f, Constant):
@@ -250,14 +255,18 @@ def _edge(fields: tuple[Field, ...], row: CTE) -> JsonObject:
 
 def _page_info(page: CTE, shown: CTE) -> dict[str, ColumnElement[Any]]:
     """pageInfo's values over the page (`first` + 1 rows: one more says there is a next)
-    and the rows shown; the cursors as ids, encoded once parsed."""
+    and the rows shown; the cursors as JsonCursor."""
     return {
         "has_next_page": JsonBool(
             select(func.count()).select_from(page).scalar_subquery() > _FIRST
         ),
         "has_previous_page": JsonBool(_AFTER.is_not(None)),
-        "start_cursor": select(shown.c.id).order_by(shown.c.id).limit(_ONE).scalar_subquery(),
-        "end_cursor": select(shown.c.id).order_by(shown.c.id.desc()).limit(_ONE).scalar_subquery(),
+        "start_cursor": JsonCursor(
+            select(shown.c.id).order_by(shown.c.id).limit(_ONE).scalar_subquery()
+        ),
+        "end_cursor": JsonCursor(
+            select(shown.c.id).order_by(shown.c.id.desc()).limit(_ONE).scalar_subquery()
+        ),
     }
 
 
@@ -299,6 +308,9 @@ class CompiledRead:
     reads_capacity: bool
     shows_policy: bool  # masked once parsed (`readable`)
     shows_cursors: bool  # encoded once parsed (`readable`)
+    # Nothing to finish, and every value one whose JSON SQLite writes as orjson does
+    # (`answer`).
+    verbatim: bool
 
     @property
     def page(self) -> bool:
@@ -345,14 +357,27 @@ def compile_read(
         return None
     needs = _needs(shape.fields)
     model = GetPoolInput if isinstance(shape, PoolShape) else ListPoolsInput
-    return CompiledRead(
-        shape,
-        statement,
-        model,
-        "capacity" in needs,
-        "policy" in needs,
-        "cursor" in needs,
+    # The statement's cursors: encoded in it (JsonCursor), or once parsed.
+    cursors = "cursor" in needs and dialect not in ENCODES_CURSORS
+    verbatim = (
+        dialect == "sqlite"
+        and not cursors
+        and "policy" not in needs
+        and not any(isinstance(f, Read) and f.value in _NOT_VERBATIM for f in _all(shape.fields))
     )
+    return CompiledRead(
+        shape, statement, model, "capacity" in needs, "policy" in needs, cursors, verbatim
+    )
+
+
+# The values whose JSON SQLite may write otherwise than orjson: floats (`1.0e+20`), and
+# JSON columns (kept as stored: spaces, number forms, duplicate keys).
+_NOT_VERBATIM = frozenset(
+    e.name
+    for table in ROW_TABLES.values()
+    for e in table.entries
+    if isinstance(e, Value) and e.kind in ("float", "json", "labels", "amounts")
+)
 
 
 def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
@@ -428,19 +453,31 @@ def _needs(fields: tuple[Field, ...]) -> set[str]:
     return found
 
 
+def answer(text: str, read: CompiledRead) -> Any:
+    """The statement's answer as the transports encode it (orjson): the text itself
+    (orjson.Fragment, not parsed) when it is the bytes orjson would write for it, else
+    parsed and finished (`readable`). SQLite's JSON is orjson's for a verbatim read
+    (compact, keys in order, integers alike) as long as no string needed an escape: the
+    two may escape a control character differently, so a backslash anywhere (only ever
+    inside a string, in JSON) sends the answer through orjson."""
+    if read.verbatim and "\\" not in text:
+        return orjson.Fragment(text)
+    return readable(orjson.loads(text), read)
+
+
 def readable(data: Any, read: CompiledRead) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
-    no secret) and every cursor encoded (paging.encode_cursor), found by the shape's
-    keys."""
+    no secret) and every cursor the statement left as an id encoded
+    (paging.encode_cursor), found by the shape's keys."""
     if read.shows_policy or read.shows_cursors:
-        _finish(data[read.shape.key], read.shape.fields)
+        _finish(data[read.shape.key], read.shape.fields, read.shows_cursors)
     return data
 
 
-def _finish(value: Any, fields: tuple[Field, ...]) -> None:
+def _finish(value: Any, fields: tuple[Field, ...], cursors: bool) -> None:
     if isinstance(value, list):
         for item in value:
-            _finish(item, fields)
+            _finish(item, fields, cursors)
         return
     if not isinstance(value, dict):
         return  # null
@@ -448,10 +485,10 @@ def _finish(value: Any, fields: tuple[Field, ...]) -> None:
         if isinstance(f, Read) and f.value == "policy":
             value[f.key] = readable_policy(value[f.key])
         elif isinstance(f, Read) and f.value in _CURSORS:
-            if value[f.key] is not None:
+            if cursors and value[f.key] is not None:
                 value[f.key] = encode_cursor(value[f.key])
         elif isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor"}:
-            _finish(value[f.key], f.fields)
+            _finish(value[f.key], f.fields, cursors)
 
 
 def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:

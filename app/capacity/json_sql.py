@@ -15,6 +15,11 @@ builds the same JSON on both.
   `json(...)`.
 - `JsonBool`: SQLite has no boolean, and would show 0 and 1.
 - `JsonIsEmptyObject`: a JSON column holding `{}`.
+- `JsonCursor`: a row's cursor (paging.encode_cursor of its id). PostgreSQL selects the
+  id, encoded once the answer is parsed (json_reads.readable); SQLite encodes it in the
+  statement, with the same function defined on its connections (`bc_cursor`,
+  app/db/embedded.py's SQL_FUNCTIONS), so an answer with nothing else to finish is sent
+  as the statement wrote it (json_reads.answer).
 - `compile_statement`: a statement's text for a dialect, with the names of its
   positional parameters (asyncpg's `$n`, sqlite3's `?`).
 
@@ -49,6 +54,9 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.util import ClauseAdapter
 from sqlalchemy.sql.visitors import InternalTraversal, iterate
+
+from app.capacity.paging import encode_cursor
+from app.db.embedded import define_sql_function
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +103,23 @@ class JsonBool(FunctionElement[Any]):
     name, inherit_cache = "json_bool", True
 
 
+class JsonCursor(FunctionElement[Any]):
+    """A row's cursor, of its id: encoded here on SQLite, once parsed on PostgreSQL."""
+
+    name, inherit_cache = "json_cursor", True
+
+
+# The dialects whose statements encode cursors themselves (`JsonCursor`).
+ENCODES_CURSORS = frozenset({"sqlite"})
+
+
+def _cursor(item_id: str | None) -> str | None:
+    return None if item_id is None else encode_cursor(item_id)
+
+
+define_sql_function("bc_cursor", 1, _cursor)
+
+
 class JsonIsEmptyObject(FunctionElement[bool]):
     """Whether a JSON column holds `{}` (a role binding not narrowed by conditions)."""
 
@@ -109,6 +134,7 @@ per_dialect(
     postgresql="({0})",
     sqlite="json(CASE WHEN ({0}) THEN 'true' WHEN NOT ({0}) THEN 'false' END)",
 )
+per_dialect(JsonCursor, postgresql="{0}", sqlite="bc_cursor({0})")
 per_dialect(JsonIsEmptyObject, postgresql="({0} = '{{}}'::jsonb)", sqlite="(json({0}) = '{{}}')")
 
 
