@@ -502,23 +502,20 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
     return not read.reads_capacity or principal.has(CAPACITY_READ)
 
 
-async def fetch(
-    db: Database, sql: str, params: tuple[object, ...], *, brief: bool = False
-) -> str | None:
+async def fetch(db: Database, sql: str, params: tuple[object, ...]) -> str | None:
     """One round trip: on PostgreSQL's direct pool (app/db/direct.py), prepared once per
     connection; on SQLite's direct connections (app/db/direct_sqlite.py), one hand-off to
-    a connection's thread (a `brief` one, one pool's, on the loop's own thread); else on a
-    read connection of the engine: PostgreSQL's in a transaction behind PgBouncer (its
-    statement timeout is SET LOCAL there, app/db/engine.py), or its asyncpg connection
-    itself; SQLite's aiosqlite connection itself, outside a transaction (one SELECT reads
-    one snapshot; a BEGIN would cost a round trip through aiosqlite's thread as long as
-    the one-pool statement). Past SQLAlchemy's events, the statement is counted and
-    traced here (app/db/direct.py's `traced`)."""
+    a connection's thread; else on a read connection of the engine: PostgreSQL's in a transaction
+    behind PgBouncer (its statement timeout is SET LOCAL there, app/db/engine.py), or its
+    asyncpg connection itself; SQLite's aiosqlite connection itself, outside a
+    transaction (one SELECT reads one snapshot; a BEGIN would cost a round trip through
+    aiosqlite's thread as long as the one-pool statement). Past SQLAlchemy's events, the
+    statement is counted and traced here (app/db/direct.py's `traced`)."""
     if db.direct is not None:
         value = await db.direct.fetchval(sql, params)
         return value if isinstance(value, str) else None
     if db.sqlite_reads is not None:
-        value = await db.sqlite_reads.fetchval(sql, params, brief=brief)
+        value = await db.sqlite_reads.fetchval(sql, params)
         return value if isinstance(value, str) else None
     async with db.reader.connect() as conn:
         if db.pooled_by_transaction:

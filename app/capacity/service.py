@@ -327,9 +327,7 @@ class Capacity:
         shares = principal.has(POOLS_SHARE)
         params = read.params(tenant_id, token_hash, principal.role, shares, **arguments)
         try:
-            # One pool's statement is brief: on SQLite it runs on the loop's thread.
-            brief = not (read.page or read.every)
-            text = await json_reads.fetch(self.db, read.sql, params, brief=brief)
+            text = await json_reads.fetch(self.db, read.sql, params)
         except Exception as exc:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc

@@ -19,13 +19,6 @@ too. A connection whose
 statement failed otherwise (or was cancelled) is closed, not lent again. Closed on
 shutdown (`Database.dispose`).
 
-A brief statement (`fetchval(..., brief=True)`: one pool's read, tens of microseconds of
-SQLite) runs on the event loop's own thread instead, on one stdlib connection opened like
-the others but with no busy timeout: the hand-off to a thread and back (a queue, the
-thread's wake-up, the loop's wake-up by its self-pipe) costs the process more CPU than
-such a statement. It never waits on the loop: a lock it meets (SQLITE_BUSY at once) sends
-the statement to a thread's connection, which waits for it as every statement does.
-
 Fenced: `problem` checks aiosqlite for the API used here when the engine is made
 (app/db/engine.py); when it is not as expected the compiled reads use the engine's read
 pool, as before, with one warning.
@@ -91,7 +84,6 @@ class DirectSQLiteReads:
         self._open: set[aiosqlite.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
-        self._inline: sqlite3.Connection | None = None  # the brief statements', on the loop
 
     @property
     def connections(self) -> int:
@@ -145,57 +137,8 @@ class DirectSQLiteReads:
         with contextlib.suppress(Exception):  # already broken: nothing more to release
             await conn.close()
 
-    def _inline_connection(self) -> sqlite3.Connection:
-        if self._inline is None:
-            conn = sqlite3.connect(
-                file_uri(self._path, "rw"), uri=True, isolation_level=None, check_same_thread=True
-            )
-            try:
-                # busy_timeout=0: a lock is SQLITE_BUSY at once, never a wait on the loop.
-                for pragma in (*connection_pragmas(0), *_READER_PRAGMAS):
-                    conn.execute(pragma).fetchall()
-                for name, (arguments, function) in SQL_FUNCTIONS.items():
-                    conn.create_function(name, arguments, function, deterministic=True)
-            except BaseException:
-                conn.close()
-                raise
-            self._inline = conn
-        return self._inline
-
-    def _fetch_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
-        """The rows of a brief statement run here, on the loop's thread; None when it met
-        a lock (it is then sent to a thread's connection, which waits for it)."""
-        if self._closed:
-            raise sqlite3.OperationalError("unable to open: the direct reads are closed")
-        statement_sent()
-        try:
-            conn = self._inline_connection()  # its pragmas may meet the lock too
-            with traced(sql):
-                return conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc).lower() or "busy" in str(exc).lower():
-                return None
-            self._close_inline()
-            raise
-        except BaseException:
-            self._close_inline()
-            raise
-
-    def _close_inline(self) -> None:
-        conn, self._inline = self._inline, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    async def fetchval(self, sql: str, params: tuple[Any, ...], *, brief: bool = False) -> Any:
-        """The first column of the first row `sql` returns (None: no row), in one trip;
-        a `brief` statement on the loop's thread, unless it meets a lock."""
-        if brief:
-            found = self._fetch_inline(sql, params)
-            if found is not None:
-                for row in found:
-                    return row[0]
-                return None
+    async def fetchval(self, sql: str, params: tuple[Any, ...]) -> Any:
+        """The first column of the first row `sql` returns (None: no row), in one trip."""
         conn = await self._acquire()
         try:
             statement_sent()
@@ -220,7 +163,6 @@ class DirectSQLiteReads:
     async def close(self) -> None:
         """Close every idle connection; lent ones are closed as they come back."""
         self._closed = True
-        self._close_inline()
         idle, self._idle = self._idle, []
         for conn in idle:
             self._open.discard(conn)

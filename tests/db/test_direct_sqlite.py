@@ -126,66 +126,6 @@ async def test_a_held_lock_is_unavailable(database_url: str) -> None:
         await reads.close()
 
 
-async def test_a_brief_statement_runs_on_the_loops_thread(database_url: str) -> None:
-    """No thread's connection is opened for it; counted, read-only, the same pragmas but
-    no busy timeout, the cursor function defined; closed with the rest."""
-    threads = _threads()
-    reads = DirectSQLiteReads(
-        _path(database_url), max_size=2, busy_timeout_ms=1000, acquire_timeout_s=1.0
-    )
-    counted = DB_STATEMENTS.labels("none")
-    before = counted._value.get()
-    try:
-        assert await reads.fetchval("SELECT json_object('a', ?)", (1,), brief=True) == '{"a":1}'
-        assert await reads.fetchval("SELECT 1 WHERE 0", (), brief=True) is None
-        assert await reads.fetchval("SELECT bc_cursor('x')", (), brief=True) == "djE6eA=="
-        for pragma, value in (
-            ("journal_mode", "wal"),
-            ("foreign_keys", 1),
-            ("busy_timeout", 0),
-            ("automatic_index", 0),
-            ("query_only", 1),
-        ):
-            assert await reads.fetchval(f"PRAGMA {pragma}", (), brief=True) == value, pragma
-        with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            await reads.fetchval("DELETE FROM tenants", (), brief=True)
-        assert await reads.fetchval("SELECT 2", (), brief=True) == 2  # opened anew
-        assert reads.connections == 0
-        assert _threads() == threads
-    finally:
-        await reads.close()
-    assert counted._value.get() - before == 10
-    with pytest.raises(sqlite3.OperationalError, match="closed"):
-        await reads.fetchval("SELECT 1", (), brief=True)
-
-
-async def test_a_brief_statement_meeting_a_lock_waits_on_a_thread(database_url: str) -> None:
-    """SQLITE_BUSY at once on the loop (here as its connection opens): the statement goes
-    to a thread's connection, which waits for the lock up to the busy timeout, never the
-    loop."""
-    reads = DirectSQLiteReads(
-        _path(database_url), max_size=1, busy_timeout_ms=5000, acquire_timeout_s=1.0
-    )
-    holder = sqlite3.connect(_path(database_url), isolation_level=None)
-    try:
-        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-        holder.execute("BEGIN EXCLUSIVE")
-        holder.execute("UPDATE tenants SET parent_id = parent_id")
-        holder.execute("COMMIT")  # EXCLUSIVE mode: the lock stays held
-        read = asyncio.ensure_future(
-            reads.fetchval("SELECT count(*) >= 0 FROM tenants", (), brief=True)
-        )
-        for _ in range(10):  # the loop runs on while the statement waits
-            await asyncio.sleep(0.01)
-        assert not read.done()
-        holder.close()  # the lock is released
-        assert await read == 1
-        assert reads.connections == 1
-    finally:
-        holder.close()
-        await reads.close()
-
-
 async def test_the_engine_makes_them_unless_told_not_to(database_url: str) -> None:
     db = create_database(database_url, Settings(db_direct_pool_size=10))
     none = create_database(database_url, Settings(db_direct_pool_size=0))
