@@ -16,8 +16,10 @@ cannot see), and the caller then takes the plain path, which gives the exact err
 Callers with narrowed role bindings, and shapes that need per-pool IAM beyond
 compute:pools:read and compute:capacity:read, never come here (see `eligible`).
 
-The statement selects ids where the answer shows cursors; they are encoded
-(paging.encode_cursor) once the answer is parsed, as policies are masked (`readable`).
+Where the answer shows cursors, the statement selects ids on PostgreSQL, encoded
+(paging.encode_cursor) once the answer is parsed, as policies are masked (`readable`);
+on SQLite it encodes them itself (json_sql.JsonCursor), and an answer with nothing left
+to finish is handed to the transport unparsed (`answer`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     CTE,
     Boolean,
@@ -59,13 +62,16 @@ from app.capacity.inputs import (
     MethodInput,
 )
 from app.capacity.json_sql import (
+    ENCODES_CURSORS,
     JsonArray,
     JsonBool,
+    JsonCursor,
     JsonNested,
     JsonObject,
     Statement,
     compile_statement,
     json_object,
+    rows_from,
     sql_literal,
 )
 from app.capacity.lending import rank
@@ -164,22 +170,18 @@ def _over(expr: ColumnElement[Any], row: CTE) -> ColumnElement[Any]:
 # of the tenant whose grant lets the actor see the pool, with the offer that gives each;
 # the rollup; the offers; an offer's own rows.
 _ROW_SOURCES: dict[str, Callable[[CTE], Select[Any]]] = {
-    "quotas": lambda row: (
-        select()
-        .select_from(quotas_with_offers())
-        .where(booked_quotas(row.c.id, row.c.grant_tenant))
+    "quotas": lambda row: rows_from(quotas_with_offers()).where(
+        booked_quotas(row.c.id, row.c.grant_tenant)
     ),
     # Quota rows whose values read nothing of their offer: the same rows (at most one
     # offer gives a row), without the join (about a seventh of a dashboard page's
     # statement on SQLite).
-    "quotas_alone": lambda row: (
-        select().select_from(QuotaRow.__table__).where(booked_quotas(row.c.id, row.c.grant_tenant))
+    "quotas_alone": lambda row: rows_from(QuotaRow.__table__).where(
+        booked_quotas(row.c.id, row.c.grant_tenant)
     ),
-    "capacity": lambda row: (
-        select().select_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id)
-    ),
-    "offers": lambda row: select().select_from(Offer.__table__).where(Offer.pool_id == row.c.id),
-    "offer_quotas": lambda _row: select().select_from(QuotaRow.__table__).where(quota_offer()),
+    "capacity": lambda row: rows_from(CapacityRow.__table__).where(CapacityRow.pool_id == row.c.id),
+    "offers": lambda row: rows_from(Offer.__table__).where(Offer.pool_id == row.c.id),
+    "offer_quotas": lambda _row: rows_from(QuotaRow.__table__).where(quota_offer()),
 }
 
 
@@ -259,7 +261,7 @@ def _edge(fields: tuple[Field, ...], row: CTE) -> JsonObject:
     pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Read) and f.value == "cursor":
-            pairs.append((f.key, row.c.id))  # encoded once parsed (`readable`)
+            pairs.append((f.key, JsonCursor(row.c.id)))
         elif isinstance(f, Nested) and f.kind == "node":
             pairs.append((f.key, _fields("pool", f.fields, row)))
         elif isinstance(f, Constant):
@@ -271,14 +273,18 @@ def _edge(fields: tuple[Field, ...], row: CTE) -> JsonObject:
 
 def _page_info(page: CTE, shown: CTE) -> dict[str, ColumnElement[Any]]:
     """pageInfo's values over the page (`first` + 1 rows: one more says there is a next)
-    and the rows shown; the cursors as ids, encoded once parsed."""
+    and the rows shown; the cursors as JsonCursor."""
     return {
         "has_next_page": JsonBool(
             select(func.count()).select_from(page).scalar_subquery() > _FIRST
         ),
         "has_previous_page": JsonBool(_AFTER.is_not(None)),
-        "start_cursor": select(shown.c.id).order_by(shown.c.id).limit(_ONE).scalar_subquery(),
-        "end_cursor": select(shown.c.id).order_by(shown.c.id.desc()).limit(_ONE).scalar_subquery(),
+        "start_cursor": JsonCursor(
+            select(shown.c.id).order_by(shown.c.id).limit(_ONE).scalar_subquery()
+        ),
+        "end_cursor": JsonCursor(
+            select(shown.c.id).order_by(shown.c.id.desc()).limit(_ONE).scalar_subquery()
+        ),
     }
 
 
@@ -300,7 +306,7 @@ def _page(fields: tuple[Field, ...], page: CTE, shown: CTE) -> JsonObject:
             pairs.append((f.key, _object(info)))
         elif isinstance(f, Nested) and f.kind in ("nodes", "edges"):
             item = _fields("pool", f.fields, shown) if f.kind == "nodes" else _edge(f.fields, shown)
-            pairs.append((f.key, JsonArray(item, select().select_from(shown), (shown.c.id,))))
+            pairs.append((f.key, JsonArray(item, rows_from(shown), (shown.c.id,))))
         else:
             raise Unsupported(f"{f.key} on a page")
     return _object(pairs)
@@ -320,6 +326,9 @@ class CompiledRead:
     reads_capacity: bool
     shows_policy: bool  # masked once parsed (`readable`)
     shows_cursors: bool  # encoded once parsed (`readable`)
+    # Nothing to finish, and every value one whose JSON SQLite writes as orjson does
+    # (`answer`).
+    verbatim: bool = False
     shows_lender: bool = False  # summed once parsed (`readable`)
     needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
 
@@ -377,16 +386,37 @@ def compile_read(
     except Unsupported:
         return None
     needs = _needs(shape.fields)
+    # The statement's cursors: encoded in it (JsonCursor), or once parsed.
+    cursors = "cursor" in needs and dialect not in ENCODES_CURSORS
+    lending = isinstance(shape, LendingShape)
+    verbatim = (
+        dialect == "sqlite"
+        and not cursors
+        and not lending
+        and not needs & {"policy", "lender"}
+        and not any(isinstance(f, Read) and f.value in _NOT_VERBATIM for f in _all(shape.fields))
+    )
     return CompiledRead(
         shape,
         statement,
         _INPUTS.get(type(shape), ListPoolsInput),
         "capacity" in needs or isinstance(shape, CapacityShape),
         "policy" in needs,
-        "cursor" in needs,
+        cursors,
+        verbatim,
         "lender" in needs,
-        isinstance(shape, LendingShape),
+        lending,
     )
+
+
+# The values whose JSON SQLite may write otherwise than orjson: floats (`1.0e+20`), and
+# JSON columns (kept as stored: spaces, number forms, duplicate keys).
+_NOT_VERBATIM = frozenset(
+    e.name
+    for table in ROW_TABLES.values()
+    for e in table.entries
+    if isinstance(e, Value) and e.kind in ("float", "json", "labels", "amounts")
+)
 
 
 # Each read's method input (app/catalog.py), by shape; a page or a list is `list`'s.
@@ -422,7 +452,7 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
     if isinstance(shape, ListShape):
         every = granted().cte("every")
         pool = _fields("pool", shape.fields, every)
-        pairs.append((shape.key, JsonArray(pool, select().select_from(every), (every.c.id,))))
+        pairs.append((shape.key, JsonArray(pool, rows_from(every), (every.c.id,))))
         statement = select(cast(_object(pairs), Text)).where(live, exists(select(lineage.c.id)))
         if declines:
             owned = exists(select(every.c.id).where(every.c.tenant_id == _TENANT))
@@ -477,11 +507,13 @@ def _lent(row: CTE) -> ColumnElement[Any]:
     {"a": allocatable, "g": [{"m": max, "u": used}, ...]} over the guests' quota rows of
     its resource (read_rules.guest_quotas)."""
     quota, capacity = QuotaRow.__table__.c, CapacityRow.__table__.c
-    # Correlated to the pool two levels up too (auto-correlation stops at one).
+    # Correlated to the pool two levels up too (auto-correlation stops at one), and to
+    # the capacity row wherever it comes from (SQLite's ordered form re-points it at its
+    # subquery): everything but the guests' own tables.
     guests = (
         guest_quotas(row.c.tenant_id)
         .where(quota.pool_id == row.c.id, quota.resource == capacity.resource)
-        .correlate(row, CapacityRow.__table__)
+        .correlate_except(QuotaRow.__table__, Offer.__table__)
     )
     rows = JsonArray(json_object([("m", quota.max), ("u", quota.used)]), guests, ())
     lent = json_object([("a", capacity.allocatable), ("g", rows)])
@@ -554,7 +586,7 @@ def _lending_statement(
     )
     item = _fields("lending", (*shape.fields, Read(_RANKED, _RANKED)), owned)
     capacity = CapacityRow.__table__
-    rows = select().select_from(owned, capacity).where(capacity.c.pool_id == owned.c.id)
+    rows = rows_from(owned.join(capacity, capacity.c.pool_id == owned.c.id))
     pairs.append((shape.key, JsonArray(item, rows, (owned.c.id, *_ROW_ORDER["capacity"]))))
     return select(cast(_object(pairs), Text)).where(
         token_live(_TOKEN, _ROLE), exists(select(lineage.c.id))
@@ -571,9 +603,7 @@ def _quotas_statement(
     every = _granted(lineage, or_(_POOL_ID.is_(None), AuthzRow.pool_id == _POOL_ID)).cte("every")
     item = _fields("quotas", shape.fields, every)
     source = quotas_with_offers() if _reads_offer(item) else QuotaRow.__table__
-    rows = (
-        select().select_from(every, source).where(booked_quotas(every.c.id, every.c.grant_tenant))
-    )
+    rows = rows_from(every.join(source, booked_quotas(every.c.id, every.c.grant_tenant)))
     pairs.append((shape.key, JsonArray(item, rows, (every.c.id, *_ROW_ORDER["quotas"]))))
     return select(cast(_object(pairs), Text)).where(
         token_live(_TOKEN, _ROLE),
@@ -620,16 +650,34 @@ def _needs(fields: tuple[Field, ...]) -> set[str]:
     return found
 
 
+def answer(text: str, read: CompiledRead, first: int | None = None) -> Any:
+    """The statement's answer as the transports encode it (orjson): the text itself
+    (orjson.Fragment, not parsed) when it is the bytes orjson would write for it, else
+    parsed and finished (`readable`; None as it says). SQLite's JSON is orjson's for a
+    verbatim read (compact, keys in order, integers alike) as long as no string needed an
+    escape: the two may escape a control character differently, so a backslash anywhere
+    (only ever inside a string, in JSON) sends the answer through orjson."""
+    if read.verbatim and "\\" not in text:
+        return orjson.Fragment(text)
+    return readable(orjson.loads(text), read, first)
+
+
 def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
-    no secret), every cursor encoded (paging.encode_cursor) and the lender's values
-    summed (`_lender_value`), found by the shape's keys, and `lending`'s rows ranked
-    (the first `first` kept); None when the plain read might answer otherwise (a sum
-    past a Long)."""
+    no secret), every cursor the statement left as an id encoded (paging.encode_cursor)
+    and the lender's values summed (`_lender_value`), found by the shape's keys, and
+    `lending`'s rows ranked (the first `first` kept); None when the plain read might
+    answer otherwise (a sum past a Long)."""
     if read.shows_policy or read.shows_cursors or read.shows_lender or read.lending:
         absent = isinstance(read.shape, CapacityShape) and read.shape.lender_keys_absent
         try:
-            _finish(data[read.shape.key], read.shape.fields, read.shows_lender, absent)
+            _finish(
+                data[read.shape.key],
+                read.shape.fields,
+                read.shows_cursors,
+                read.shows_lender,
+                absent,
+            )
             if read.lending:
                 assert first is not None
                 data[read.shape.key] = _ranked(data[read.shape.key], first)
@@ -639,11 +687,15 @@ def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
 
 
 def _finish(
-    value: Any, fields: tuple[Field, ...], lender: bool = False, absent: bool = False
+    value: Any,
+    fields: tuple[Field, ...],
+    cursors: bool,
+    lender: bool = False,
+    absent: bool = False,
 ) -> None:
     if isinstance(value, list):
         for item in value:
-            _finish(item, fields, lender, absent)
+            _finish(item, fields, cursors, lender, absent)
         return
     if not isinstance(value, dict):
         return  # null
@@ -651,14 +703,14 @@ def _finish(
         if isinstance(f, Read) and f.value == "policy":
             value[f.key] = readable_policy(value[f.key])
         elif isinstance(f, Read) and f.value in _CURSORS:
-            if value[f.key] is not None:
+            if cursors and value[f.key] is not None:
                 value[f.key] = encode_cursor(value[f.key])
         elif lender and isinstance(f, Read) and f.value in _LENT:
             _lender_value(value, f, absent)
         elif (isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor", "lender"}) or (
             lender and isinstance(f, Rows) and f.kind == "capacity"  # a pool's rollup
         ):
-            _finish(value[f.key], f.fields, lender)
+            _finish(value[f.key], f.fields, cursors, lender)
 
 
 def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:

@@ -5,13 +5,21 @@ builds the same JSON on both.
 
 - `JsonObject`: PostgreSQL `json_build_object`, SQLite `json_object`.
 - `JsonArray`: the rows of a selection as an array in an order, `[]` with none:
-  PostgreSQL `json_agg(... ORDER BY ...)`, SQLite `json_group_array` over a window of
-  that order (SQLite before 3.44 has no ORDER BY in an aggregate).
+  PostgreSQL `json_agg(... ORDER BY ...)`; SQLite (before 3.44 it has no ORDER BY in an
+  aggregate) `json_group_array` over a FROM-clause subquery in that order, which SQLite
+  keeps for an aggregate (`sqlite_keeps_subquery_order`, checked once per process), or,
+  where that check fails, over a window of that order (twice the statement's time on a
+  dashboard page: the window sorts, and each nested array is parsed again by `json()`).
 - `JsonNested`: a JSON value that did not come straight from a JSON function (a
   subquery's, a CASE's, a JSON column's): SQLite would embed it as a string without
   `json(...)`.
 - `JsonBool`: SQLite has no boolean, and would show 0 and 1.
 - `JsonIsEmptyObject`: a JSON column holding `{}`.
+- `JsonCursor`: a row's cursor (paging.encode_cursor of its id). PostgreSQL selects the
+  id, encoded once the answer is parsed (json_reads.readable); SQLite encodes it in the
+  statement, with the same function defined on its connections (`bc_cursor`,
+  app/db/embedded.py's SQL_FUNCTIONS), so an answer with nothing else to finish is sent
+  as the statement wrote it (json_reads.answer).
 - `compile_statement`: a statement's text for a dialect, with the names of its
   positional parameters (asyncpg's `$n`, sqlite3's `?`).
 
@@ -20,17 +28,37 @@ Timestamps are `fields.IsoTimestamp`, compiled per dialect beside the table of f
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, ColumnElement, Select, func, literal_column
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    FromClause,
+    Join,
+    Select,
+    func,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.util import ClauseAdapter
+from sqlalchemy.sql.visitors import InternalTraversal, iterate
+
+from app.capacity.paging import encode_cursor
+from app.db.embedded import define_sql_function
+
+log = logging.getLogger(__name__)
 
 # The dialects the statements are compiled for, with their drivers' parameter styles.
 DIALECTS: dict[str, Dialect] = {
@@ -75,6 +103,23 @@ class JsonBool(FunctionElement[Any]):
     name, inherit_cache = "json_bool", True
 
 
+class JsonCursor(FunctionElement[Any]):
+    """A row's cursor, of its id: encoded here on SQLite, once parsed on PostgreSQL."""
+
+    name, inherit_cache = "json_cursor", True
+
+
+# The dialects whose statements encode cursors themselves (`JsonCursor`).
+ENCODES_CURSORS = frozenset({"sqlite"})
+
+
+def _cursor(item_id: str | None) -> str | None:
+    return None if item_id is None else encode_cursor(item_id)
+
+
+define_sql_function("bc_cursor", 1, _cursor)
+
+
 class JsonIsEmptyObject(FunctionElement[bool]):
     """Whether a JSON column holds `{}` (a role binding not narrowed by conditions)."""
 
@@ -89,6 +134,7 @@ per_dialect(
     postgresql="({0})",
     sqlite="json(CASE WHEN ({0}) THEN 'true' WHEN NOT ({0}) THEN 'false' END)",
 )
+per_dialect(JsonCursor, postgresql="{0}", sqlite="bc_cursor({0})")
 per_dialect(JsonIsEmptyObject, postgresql="({0} = '{{}}'::jsonb)", sqlite="(json({0}) = '{{}}')")
 
 
@@ -99,13 +145,26 @@ def json_object(pairs: Sequence[tuple[str, ColumnElement[Any]]]) -> JsonObject:
     return JsonObject(*args)
 
 
+def rows_from(source: FromClause) -> Select[Any]:
+    """The rows of `source` (a table, a CTE, a join) for a JsonArray, to add a WHERE to:
+    its columns name what its FROM reads (SQLite's form selects the item's from them)."""
+    return select(*source.c).select_from(source)
+
+
 class JsonArray(ColumnElement[Any]):
-    """The array of `item` (a JSON object over each row) for the rows `rows` selects (its
-    FROM and WHERE: its columns are not used), in `order`; `[]` when there are none.
-    Correlated to the enclosing statement as a scalar subquery would be."""
+    """The array of `item` (a JSON object over each row) for the rows `rows` selects
+    (`rows_from`, with a WHERE), in `order`; `[]` when there are none. Correlated to the
+    enclosing statement as a scalar subquery would be."""
 
     # Compiled once per shape and dialect by json_reads, never keyed by SQLAlchemy.
     inherit_cache = False
+    # Traversed (and copied) like any clause: SQLite's form re-points an item's columns
+    # at its ordered subquery, the nested arrays' correlations included.
+    _traverse_internals = [
+        ("item", InternalTraversal.dp_clauseelement),
+        ("rows", InternalTraversal.dp_clauseelement),
+        ("order", InternalTraversal.dp_clauseelement_tuple),
+    ]
 
     def __init__(
         self, item: ColumnElement[Any], rows: Select[Any], order: Sequence[ColumnElement[Any]]
@@ -124,14 +183,79 @@ def _json_array_postgresql(element: JsonArray, compiler: SQLCompiler, **kw: Any)
     return compiler.process(func.coalesce(rows, literal_column("'[]'::json")), **kw)
 
 
+# SQLite keeps a FROM-clause subquery's ORDER BY when the query over it calls an
+# aggregate other than count(), min() or max() (it neither flattens such a subquery nor
+# drops its ORDER BY), so json_group_array reads the rows in that order. SQLite does not
+# document that order, so it is checked on this process's SQLite (the library aiosqlite
+# uses too) with a statement of the same form before any array is compiled so; where the
+# check fails the arrays are windows of their order.
+_ORDER_PROBE = """
+WITH p(id) AS (VALUES ('b'), ('c'), ('a')),
+     q(pool, k) AS (VALUES ('a', 'z'), ('c', 'y'), ('a', 'x'), ('b', 'w'), ('c', 'v'))
+SELECT (SELECT json_group_array(json_object('id', r.id, 'k',
+    (SELECT json_group_array(s.k) FROM (SELECT q.k AS k FROM q WHERE q.pool = r.id
+                                        ORDER BY q.k DESC) AS s)))
+  FROM (SELECT p.id AS id FROM p ORDER BY p.id) AS r)
+"""
+_ORDER_EXPECTED = '[{"id":"a","k":["z","x"]},{"id":"b","k":["w"]},{"id":"c","k":["y","v"]}]'
+
+
+@functools.cache
+def sqlite_keeps_subquery_order() -> bool:
+    """Whether this SQLite aggregates a FROM-clause subquery's rows in its ORDER BY (the
+    form of `_ORDER_PROBE`); False, with one warning, when it does not or cannot say."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+            found = conn.execute(_ORDER_PROBE).fetchone()[0]
+    except sqlite3.Error as exc:
+        found = f"{type(exc).__name__}: {exc}"
+    if found == _ORDER_EXPECTED:
+        return True
+    log.warning(
+        "SQLite %s does not aggregate an ordered subquery in its order (%s); compiled"
+        " reads order their arrays by a window instead",
+        sqlite3.sqlite_version,
+        found,
+    )
+    return False
+
+
+def _tables(from_: FromClause) -> list[FromClause]:
+    """The tables (or CTEs) a FROM object reads, a join's sides unfolded."""
+    if isinstance(from_, Join):
+        return _tables(from_.left) + _tables(from_.right)
+    return [from_]
+
+
 @compiles(JsonArray, "sqlite")
 def _json_array_sqlite(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> str:
-    # Every row's window is the whole set, in `order`: the first row's value is the array.
-    agg = func.json_group_array(element.item).over(
-        order_by=element.order or None, rows=(None, None)
+    if not sqlite_keeps_subquery_order():
+        # Every row's window is the whole set, in `order`: the first row's value is the
+        # array.
+        agg = func.json_group_array(element.item).over(
+            order_by=element.order or None, rows=(None, None)
+        )
+        rows = element.rows.with_only_columns(agg).limit(literal_column("1")).scalar_subquery()
+        return compiler.process(func.json(func.coalesce(rows, literal_column("'[]'"))), **kw)
+    # The rows' columns the item (its nested arrays' correlations included) reads, in
+    # `order`, as a subquery; the item is built over it, outside it (a value that leaves
+    # a subquery loses its JSON subtype; a scalar subquery's keeps it, so no json() is
+    # needed around a nested array). An aggregate over no rows is `[]`.
+    own = [t for f in element.rows.columns_clause_froms for t in _tables(f)]
+    needed: dict[Any, ColumnElement[Any]] = {}
+    for part in (element.item, *element.order):
+        for e in iterate(part):
+            if isinstance(e, ColumnElement) and getattr(e, "table", None) in own:
+                needed.setdefault(e, e)
+    ordered = (
+        element.rows.with_only_columns(*needed.values())
+        .order_by(*element.order)
+        .correlate_except(*own)
+        .subquery()
     )
-    rows = element.rows.with_only_columns(agg).limit(literal_column("1")).scalar_subquery()
-    return compiler.process(func.json(func.coalesce(rows, literal_column("'[]'"))), **kw)
+    item = ClauseAdapter(ordered).traverse(element.item)
+    array = select(func.json_group_array(item)).select_from(ordered).scalar_subquery()
+    return compiler.process(array, **kw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ GuestTotals = dict[str, dict[str, tuple[int, int]]]
 # offer but the owner). Built once, the pools bound per call.
 _GUEST_ROWS = (
     guest_quotas(Pool.__table__.c.tenant_id)
-    .add_columns(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
+    .with_only_columns(QuotaRow.pool_id, QuotaRow.resource, QuotaRow.max, QuotaRow.used)
     .join(Pool, Pool.id == QuotaRow.pool_id)
     .where(QuotaRow.pool_id.in_(bindparam("pool_ids", expanding=True)))
 )

@@ -41,7 +41,7 @@ from sqlalchemy import (
     true,
 )
 
-from app.capacity.json_sql import JsonIsEmptyObject
+from app.capacity.json_sql import JsonIsEmptyObject, rows_from
 from app.db.models import ApiToken, AuthzRow, Offer, Pool, QuotaRow, RoleBinding, Tenant
 
 
@@ -144,12 +144,14 @@ def quotas_with_offers() -> Join:
 
 
 def guest_quotas(owner: ColumnElement[str]) -> Select[Any]:
-    """The quota rows a pool's owner lent (the lender's view, CONTRACT section 10), no
-    columns selected yet: the rows of every tenant holding an offer of the pool but its
-    owner (`owner`: the pool's), each with that offer (inner-joined: a row whose offer
-    ended lends nothing). Summed per resource by views.guest_sums, on either read."""
+    """The quota rows a pool's owner lent (the lender's view, CONTRACT section 10): the
+    rows of every tenant holding an offer of the pool but its owner (`owner`: the
+    pool's), each with that offer (inner-joined: a row whose offer ended lends nothing),
+    every column of both selected (a compiled array's rows: json_sql.rows_from; a plain
+    read picks its own with `with_only_columns`). Summed per resource by
+    views.guest_sums, on either read."""
     offered = QuotaRow.__table__.join(Offer.__table__, quota_offer())
-    return select().select_from(offered).where(QuotaRow.tenant_id != owner)
+    return rows_from(offered).where(QuotaRow.tenant_id != owner)
 
 
 def booked_quotas(

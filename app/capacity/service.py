@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-import orjson
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -343,7 +342,7 @@ class Capacity:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc
             raise
-        return None if text is None else json_reads.readable(orjson.loads(text), read, first)
+        return None if text is None else json_reads.answer(text, read, first)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(

@@ -10,14 +10,14 @@ the pool's overflow also opens and closes connections (a thread, the pragmas) pe
 
 Each connection is opened as every other one to the file (app/db/embedded.py's pragmas:
 WAL, foreign keys, and as busy timeout the statement timeout, which the engine's
-connections wait for a lock too), read-only, and without automatic indexes
-(`_READER_PRAGMAS`). Bounded like the engine's reader: at most `max_size` connections,
-opened on first use and kept; a statement waits at most `acquire_timeout_s` for one
-(TimeoutError: UNAVAILABLE, app/db/errors.py, as the engine's pool timeout is); a lock
-held past the busy timeout is "database is locked", UNAVAILABLE too, and so is a wait for
-a connection during which another statement met such a lock: it would wait for the same
-lock again (under a stalled file, requests queued behind the lent connections waited
-twice). A connection whose
+connections wait for a lock too; its SQL_FUNCTIONS, a page's cursor encoder), read-only,
+and without automatic indexes (`_READER_PRAGMAS`). Bounded like the engine's reader: at
+most `max_size` connections, opened on first use and kept; a statement waits at most
+`acquire_timeout_s` for one (TimeoutError: UNAVAILABLE, app/db/errors.py, as the engine's
+pool timeout is); a lock held past the busy timeout is "database is locked", UNAVAILABLE
+too, and so is a wait for a connection during which another statement met such a lock:
+it would wait for the same lock again (under a stalled file, requests queued behind the
+lent connections waited twice). A connection whose
 statement failed otherwise (or was cancelled) is closed, not lent again. Closed on
 shutdown (`Database.dispose`).
 
@@ -35,7 +35,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from app.db.direct import traced
-from app.db.embedded import connection_pragmas, file_uri
+from app.db.embedded import SQL_FUNCTIONS, connection_pragmas, file_uri
 from app.metrics import statement_sent
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def problem() -> str | None:
     for name, parameters in (
         ("execute_fetchall", ["self", "sql", "parameters"]),
         ("close", ["self"]),
+        ("create_function", ["self", "name", "num_params", "func", "deterministic"]),
     ):
         method = getattr(aiosqlite.Connection, name, None)
         if method is None or not inspect.iscoroutinefunction(inspect.unwrap(method)):
@@ -107,6 +108,8 @@ class DirectSQLiteReads:
         try:
             for pragma in (*connection_pragmas(self._busy_timeout_ms), *_READER_PRAGMAS):
                 await conn.execute_fetchall(pragma)
+            for name, (arguments, function) in SQL_FUNCTIONS.items():
+                await conn.create_function(name, arguments, function, deterministic=True)
         except BaseException:
             await conn.close()
             raise

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 from app.db.head import HEAD_REVISION
@@ -43,6 +44,17 @@ def file_uri(path: str, mode: str) -> str:
 def busy_timeout_ms(statement_timeout_s: float) -> int:
     """SQLite's wait for the write lock: the statement timeout (app/config.py)."""
     return max(1, round(statement_timeout_s * 1000))
+
+
+# Functions the domain's statements call (app/capacity/json_sql.py: a page's cursors), by
+# name: (number of arguments, function). Defined, deterministic, on every connection of
+# the server's to the file (the engines' and app/db/direct_sqlite.py's) as it opens; the
+# domain defines them when its modules load, before any connection opens.
+SQL_FUNCTIONS: dict[str, tuple[int, Callable[..., Any]]] = {}
+
+
+def define_sql_function(name: str, arguments: int, function: Callable[..., Any]) -> None:
+    SQL_FUNCTIONS[name] = (arguments, function)
 
 
 def connection_pragmas(busy_timeout: int) -> tuple[str, ...]:

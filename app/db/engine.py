@@ -32,7 +32,7 @@ from app.config import Settings
 from app.db import direct_sqlite
 from app.db.direct import DirectReads
 from app.db.direct_sqlite import DirectSQLiteReads
-from app.db.embedded import busy_timeout_ms, connection_pragmas, sqlite_file
+from app.db.embedded import SQL_FUNCTIONS, busy_timeout_ms, connection_pragmas, sqlite_file
 from app.db.session_statements import DriverStatements, SessionStatements, driver_statements
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,9 @@ def configure_sqlite(
         for pragma in pragmas:
             cursor.execute(pragma)
         cursor.close()
+        if server:
+            for name, (arguments, function) in SQL_FUNCTIONS.items():
+                dbapi_connection.create_function(name, arguments, function, deterministic=True)
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
