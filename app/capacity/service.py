@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import metrics
@@ -146,12 +146,16 @@ class Capacity:
     ) -> T:
         """Run `work` in one unit of work. With an idempotency key, a concurrent twin that
         won the insert makes ours fail on the key; running again then reads its result.
-        A remembered caller's (token_checked) is checked first, in the same transaction."""
-        attempts = 3 if retry else 1
+        A remembered caller's (token_checked) is checked first, in the same transaction.
+        A connection found dead on the first statement (nothing written) runs it once
+        more, on a new connection (app/db/engine.py)."""
+        twins = 2 if retry else 0  # runs again after a twin's insert
+        reconnects = 1  # runs again after a connection found dead (uow.met_a_dead_connection)
         token = _CHECKED_TOKEN.get()
-        for attempt in range(attempts):
+        while True:
+            uow = self.unit_of_work()
             try:
-                async with self.unit_of_work() as uow:
+                async with uow:
                     if token is not None and principal is not None:
                         checked = {"token": token, "role": principal.role}
                         if principal.conditions or not await uow.statements.scalar(
@@ -160,9 +164,13 @@ class Capacity:
                             raise CallerChanged
                     return await work(uow)
             except IntegrityError:
-                if attempt == attempts - 1:
+                if twins == 0:
                     raise
-        raise AssertionError("unreachable")
+                twins -= 1
+            except DBAPIError as exc:
+                if reconnects == 0 or not uow.met_a_dead_connection(exc):
+                    raise
+                reconnects -= 1
 
     # -- pools ---------------------------------------------------------------------------
 

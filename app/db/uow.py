@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
@@ -46,6 +47,16 @@ class UnitOfWork:
     async def lock_pool(self, pool_id: str) -> bool:
         """Lock a pool's row for its events, when nothing else locks it (tools, tests)."""
         return await lock_pool_for_events(self.session, pool_id)
+
+    def met_a_dead_connection(self, exc: BaseException) -> bool:
+        """Whether `exc` is a connection found dead on this unit of work's first statement:
+        nothing was sent that the server kept, so the work may run again on a new
+        connection (app/db/engine.py: no ping on checkout)."""
+        return (
+            isinstance(exc, DBAPIError)
+            and exc.connection_invalidated
+            and not self.statements.answered
+        )
 
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)
