@@ -7,9 +7,7 @@ visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from dataclasses import fields
 
 from sqlalchemy import Table, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -19,7 +17,7 @@ from app.capacity.reads import (
     load_lineage,
     pool_not_found,
 )
-from app.capacity.views import PoolView
+from app.capacity.views import PoolView, StoredPool
 from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
@@ -125,7 +123,7 @@ async def lock_owned_pool_row(
         permission,
     )
     assert found is not None
-    return LockedPool(**{name: getattr(found, name) for name in LockedPool.__slots__})
+    return LockedPool(**{name: getattr(found, name) for name in POOL_COLUMNS})
 
 
 def _owned(
@@ -146,26 +144,10 @@ def _owned(
     decide_pool(actor.principal, permission, owner_row)
 
 
-@dataclass(slots=True)
-class LockedPool:
-    """A locked pool's row as a write reads and changes it (pool_rows.write_pool)."""
-
-    id: str
-    tenant_id: str
-    site_id: str
-    pool_class: str
-    gpu_model: str | None
-    sharing: str
-    agent: str
-    policy: dict[str, Any]
-    provider_account_id: str | None
-    region: str
-    display_name: str | None
-    labels: dict[str, Any]
-    archived: bool
-    version: int
-    created_at: datetime
-    updated_at: datetime
+# A locked pool's row as a write reads and changes it (pool_rows.write_pool): the pool's
+# stored columns, the same record the read model's PoolView is built on.
+LockedPool = StoredPool
+POOL_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StoredPool))
 
 
 # The pool's row locked, with the actor's own authz row beside it (outer-joined: only the
@@ -184,7 +166,7 @@ _POOLS: Table = Pool.__table__  # type: ignore[assignment]
 _AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
 _LOCK_OWNED_ROW = (
     select(
-        *(_POOLS.c[name] for name in LockedPool.__slots__),
+        *(_POOLS.c[name] for name in POOL_COLUMNS),
         *(
             _AUTHZ.c[name].label(f"owner_{name}")
             for name in ("gpu_model", "pool_class", "sharing", "region", "owned")

@@ -326,7 +326,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         include_descendants=inp.include_descendants,
         new_offer=offer is None,
     )
-    await write_pool(statements, pool, next_version(pool))
+    pool = await write_pool(statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -373,7 +373,7 @@ async def unoffer_pool(
     quota = {r.resource: r.max for r in found if r.resource is not None}
     before = offer_entry(offer.include_descendants, offer.priority, quota)
     await withdraw_offer(uow.statements, pool.id, inp.to_tenant_id)
-    await write_pool(uow.statements, pool, next_version(pool))
+    pool = await write_pool(uow.statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.unoffered",

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, insert, select
 
 from app.capacity.access import (
+    POOL_COLUMNS,
     LockedPool,
     check_version,
     lock_owned_pool,
@@ -144,7 +145,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         created_at=now,
         updated_at=now,
     )
-    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in LockedPool.__slots__})
+    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in POOL_COLUMNS})
     note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
     owner = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
     await statements.execute(
@@ -237,7 +238,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         changed.append("gpuModel")
     written["version"] = pool.version + 1
     written["updated_at"] = utcnow()
-    await write_pool(uow.statements, pool, written)  # the pool's row, in one UPDATE
+    pool = await write_pool(uow.statements, pool, written)  # the pool's row, one UPDATE
     if moved_model:  # the same model leaves every authz row as it is
         await refresh_authz_rows(uow.statements, pool)
     await refresh_rollup(uow.statements, pool)
@@ -323,7 +324,7 @@ async def archive_pool(
     # booking still to commit will see the archive (docs/decisions/0004).
     await lock_capacity_rows(uow.statements, pool.id)
     archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
-    await write_pool(uow.statements, pool, archived)
+    pool = await write_pool(uow.statements, pool, archived)
     uow.emit(
         PendingEvent(
             type="pool.archived",
