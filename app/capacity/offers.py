@@ -13,13 +13,12 @@ from app.capacity.access import (
     LockedPool,
     check_version,
     lock_owned_pool_row,
-    resolve_actor,
 )
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
-from app.capacity.pool_reads import pool_detail
+from app.capacity.pool_reads import owned_pool_detail, pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
 from app.capacity.projection import put_authz_row, remove_authz_rows
 from app.capacity.reads import Actor, load_lineage
@@ -243,8 +242,7 @@ async def _withdrawn(
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     statements = uow.statements
-    actor = await resolve_actor(statements, principal, inp.tenant_id, OFFER_POOL)
-    pool = await lock_owned_pool_row(statements, actor, inp.pool_id, OFFER_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
@@ -331,7 +329,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         PendingEvent(
             type="pool.offered",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={
                 "toTenantId": inp.to_tenant_id,
                 "quota": dict(inp.quota),
@@ -344,6 +342,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         )
     )
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
+    if inp.to_tenant_id == pool.tenant_id:
+        return await owned_pool_detail(statements, principal, pool)
     lineage = (
         await load_lineage(statements, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
     )
@@ -355,8 +355,7 @@ async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
     session = uow.session
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UNOFFER_POOL)
-    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UNOFFER_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, UNOFFER_POOL)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)
@@ -378,7 +377,7 @@ async def unoffer_pool(
         PendingEvent(
             type="pool.unoffered",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={
                 "toTenantId": inp.to_tenant_id,
                 "version": pool.version,

@@ -24,6 +24,7 @@ from app.capacity.reads import (
     Actor,
     effective_quotas,
     offers_of,
+    owned_pool_view,
     reservations_pages,
     visible_pool,
     visible_pools,
@@ -38,6 +39,7 @@ from app.capacity.views import (
     PoolView,
     QuotaView,
     ReservationView,
+    StoredPool,
 )
 from app.catalog import GET_POOL, LIST_POOLS, LIST_RESERVATIONS, POOL_CAPACITY
 from app.db.engine import Executor
@@ -104,6 +106,15 @@ async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDet
     """The pool as the actor's tenant sees it, as a write returns it (DETAIL_PARTS)."""
     pool = await visible_pool(executor, actor, pool_id)
     (detail,) = await read_parts(executor, actor.principal, [pool], DETAIL_PARTS)
+    return detail
+
+
+async def owned_pool_detail(
+    executor: Executor, principal: Principal, pool: StoredPool
+) -> PoolDetail:
+    """`pool_detail` of a pool its owner wrote, as the owner sees it: the view built from
+    the row the write holds (reads.owned_pool_view), its parts read."""
+    (detail,) = await read_parts(executor, principal, [owned_pool_view(pool)], DETAIL_PARTS)
     return detail
 
 

@@ -31,6 +31,7 @@ from app.capacity.views import (
     PoolView,
     QuotaView,
     ReservationView,
+    StoredPool,
 )
 from app.db.engine import Executor
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
@@ -174,7 +175,15 @@ _STORED = tuple(
 _ORDER = {name: POOL.relation(name).order for name in ("quotas", "capacity", "offers")}
 
 
-def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolView:
+def owned_pool_view(pool: StoredPool) -> PoolView:
+    """A pool as its owner sees it, from its row (one a write holds): granted by the
+    owner's own authz row, which carries the pool's attributes (projection.authz_values,
+    refreshed when they change)."""
+    attributes = PoolAttributes(pool.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
+    return _pool_view(pool, pool.tenant_id, Grant(tenant_id=pool.tenant_id, attributes=attributes))
+
+
+def _pool_view(row: Pool | Row[Any] | StoredPool, actor_tenant: str, grant: Grant) -> PoolView:
     stored = {name: getattr(row, key) for name, key in _STORED}
     return PoolView(
         **stored,
