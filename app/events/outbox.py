@@ -145,9 +145,8 @@ _EVENT = (
         tx=func.greatest(CurrentTx(), _POOL_NEWEST_TX),
         # Named: an INSERT in a CTE takes no values from the execution's parameters.
         **{
-            c.key: bindparam(c.key, type_=c.type)
-            for c in (_EVENTS.c.type, _EVENTS.c.pool_id, _EVENTS.c.tenant_id)
-            + (_EVENTS.c.occurred_at, _EVENTS.c.data)
+            key: bindparam(key, type_=_EVENTS.c[key].type)
+            for key in ("type", "pool_id", "tenant_id", "occurred_at", "data")
         },
     )
     .returning(_EVENTS.c.tx, _EVENTS.c.seq)
