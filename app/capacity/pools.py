@@ -25,7 +25,7 @@ from app.capacity.inputs import (
 )
 from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
-from app.capacity.pool_reads import owned_pool_detail, pool_detail
+from app.capacity.pool_reads import owned_parts, owned_pool_detail, pool_detail
 from app.capacity.pool_rows import write_pool
 from app.capacity.projection import put_authz_row, refresh_authz_rows
 from app.capacity.reads import (
@@ -206,7 +206,10 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
-    offers = await offer_rows(uow.statements, pool.id)
+    # The offers (with the owner's quota rows, for the answer: an update changes neither),
+    # or, for a caller that may not read them, the offers alone for the rules and event.
+    parts = await owned_parts(uow.statements, principal, pool)
+    offers = parts[0] if parts is not None else await offer_rows(uow.statements, pool.id)
     changed: list[str] = []
     changes: list[Change] = []
     written: dict[str, Any] = {}
@@ -242,7 +245,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         await refresh_authz_rows(uow.statements, pool)
     await refresh_rollup(uow.statements, pool)
     _emit_updated(uow, inp.tenant_id, pool, offers, changed, changes)
-    return await owned_pool_detail(uow.statements, principal, pool)
+    return await owned_pool_detail(uow.statements, principal, pool, parts)
 
 
 # -- label ---------------------------------------------------------------------------------

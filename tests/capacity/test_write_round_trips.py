@@ -23,27 +23,28 @@ Json = dict[str, Any]
 RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # The statements of each write by dialect, a remembered caller's (its check included). On
 # PostgreSQL (before issue 20's second step: 12, 17, 16, 12, 12, 11, 14): the locking read
-# carries the caller's check and needs no lineage, the answer is built from the locked
-# row, an event and its audience are one statement. SQLite writes the audience apart
-# and runs no driver path.
+# carries the caller's check and needs no lineage, an owned pool's answer is built from
+# the locked row with its offers and the owner's quota rows in one read (an update reads
+# them first, for its rules and event too), an event and its audience are one statement.
+# SQLite writes the audience apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
-        "create": 10,
+        "create": 9,
         "offer (new)": 14,
         "offer (resize)": 13,
-        "update (policy)": 8,
-        "update (gpuModel)": 8,
+        "update (policy)": 6,
+        "update (gpuModel)": 6,
         "unoffer": 8,
-        "archive": 10,
+        "archive": 9,
     },
     "sqlite": {
-        "create": 13,
+        "create": 12,
         "offer (new)": 18,
         "offer (resize)": 17,
-        "update (policy)": 12,
-        "update (gpuModel)": 12,
+        "update (policy)": 10,
+        "update (gpuModel)": 10,
         "unoffer": 12,
-        "archive": 14,
+        "archive": 13,
     },
 }
 
