@@ -25,13 +25,14 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # PostgreSQL (before issue 20's second step: 12, 17, 16, 12, 12, 11, 14): the locking read
 # carries the caller's check and needs no lineage, an owned pool's answer is built from
 # the locked row with its offers and the owner's quota rows in one read (an update reads
-# them first, for its rules and event too), an event and its audience are one statement.
+# them first, for its rules and event too), what an offer checks before it writes is one
+# read (offers._OFFER_FACTS), an event and its audience are one statement.
 # SQLite writes the audience apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
         "create": 9,
-        "offer (new)": 14,
-        "offer (resize)": 13,
+        "offer (new)": 11,
+        "offer (resize)": 11,
         "update (policy)": 6,
         "update (gpuModel)": 6,
         "unoffer": 8,
@@ -39,8 +40,8 @@ STATEMENTS = {
     },
     "sqlite": {
         "create": 12,
-        "offer (new)": 18,
-        "offer (resize)": 17,
+        "offer (new)": 15,
+        "offer (resize)": 15,
         "update (policy)": 10,
         "update (gpuModel)": 10,
         "unoffer": 12,
