@@ -7,23 +7,22 @@ visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from dataclasses import fields
 
-from sqlalchemy import Table, and_, bindparam, select
+from sqlalchemy import String, Table, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.capacity.read_rules import caller_live
 from app.capacity.reads import (
     Actor,
     load_lineage,
     pool_not_found,
 )
-from app.capacity.views import PoolView
+from app.capacity.views import PoolView, StoredPool
 from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
-from app.db.session_statements import SessionStatements
+from app.db.uow import UnitOfWork
 from app.errors import Conflict, PermissionDenied
 from app.events.outbox import note_pool_lock
 from app.iam.decisions import (
@@ -87,28 +86,39 @@ async def lock_owned_pool(
         await session.execute(_LOCK_OWNED_POOL, {"pool_id": pool_id, "tenant_id": actor.tenant_id})
     ).one_or_none()
     owner_row: AuthzRow | None = None if found is None else found.AuthzRow
+    if found is None or found.Pool.tenant_id != actor.tenant_id:
+        raise pool_not_found(pool_id)
     _owned(
         session,
-        actor,
+        actor.principal,
         pool_id,
-        None if found is None else found.Pool.tenant_id,
         None if owner_row is None else attributes_of(owner_row),
         permission,
     )
-    assert found is not None
     pool: Pool = found.Pool
     return pool
 
 
 async def lock_owned_pool_row(
-    statements: SessionStatements, actor: Actor, pool_id: str, permission: str
+    uow: UnitOfWork, principal: Principal, tenant_id: str, pool_id: str, method: Method
 ) -> LockedPool:
-    """`lock_owned_pool`, the pool read as a row (`LockedPool`), not loaded as an entity:
-    for a write that changes it by Core statements (app/capacity/pool_rows.py)."""
-    params = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
-    found = (await statements.execute(_LOCK_OWNED_ROW, params)).one_or_none()
+    """`resolve_actor` and `lock_owned_pool` of a method on compute-pool, in one statement
+    (with a remembered caller's check, uow.caller_params), the pool read as a row
+    (`LockedPool`), not loaded as an entity: for a write that changes it by Core statements
+    (app/capacity/pool_rows.py). The owner acting for itself needs no lineage (a write
+    returns the pool as its owner sees it: pool_reads.owned_pool_detail); a pool missing
+    or not the tenant's is refused as before, NOT_FOUND on tenantId first for a tenant
+    that does not exist."""
+    assert method.resource_type == "compute-pool"
+    decide_acting_for(principal, tenant_id)
+    params = {"pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
+    found = (await uow.statements.execute(_LOCK_OWNED_ROW, params)).one_or_none()
+    if found is None or found.tenant_id != tenant_id:
+        await load_lineage(uow.statements, tenant_id)  # NOT_FOUND for an unknown tenant
+        raise pool_not_found(pool_id)
+    uow.caller_seen(found.caller_live)
     owned = None
-    if found is not None and found.owner_owned is not None:
+    if found.owner_owned is not None:
         owned = PoolAttributes(
             found.owner_gpu_model,
             found.owner_pool_class,
@@ -116,56 +126,29 @@ async def lock_owned_pool_row(
             found.owner_region,
             found.owner_owned,
         )
-    _owned(
-        statements.session,
-        actor,
-        pool_id,
-        None if found is None else found.tenant_id,
-        owned,
-        permission,
-    )
-    assert found is not None
-    return LockedPool(**{name: getattr(found, name) for name in LockedPool.__slots__})
+    _owned(uow.session, principal, pool_id, owned, method.permission)
+    return LockedPool(**{name: getattr(found, name) for name in POOL_COLUMNS})
 
 
 def _owned(
     session: AsyncSession,
-    actor: Actor,
+    principal: Principal,
     pool_id: str,
-    owner: str | None,
     owner_row: PoolAttributes | None,
     permission: str,
 ) -> None:
-    """The rule of both lock reads, over what they found: the pool (its owner tenant, None
-    when there is no such pool) and the actor's own authz row's attributes."""
-    if owner is None or owner != actor.tenant_id:
-        raise pool_not_found(pool_id)
+    """The rule of both lock reads, over a pool the actor's tenant owns (anything else is
+    NOT_FOUND before this) and the actor's own authz row's attributes."""
     note_pool_lock(session, pool_id)  # the pool's events may be written (events/outbox.py)
     if owner_row is None:  # the projection always holds the owner's row
         raise pool_not_found(pool_id)
-    decide_pool(actor.principal, permission, owner_row)
+    decide_pool(principal, permission, owner_row)
 
 
-@dataclass(slots=True)
-class LockedPool:
-    """A locked pool's row as a write reads and changes it (pool_rows.write_pool)."""
-
-    id: str
-    tenant_id: str
-    site_id: str
-    pool_class: str
-    gpu_model: str | None
-    sharing: str
-    agent: str
-    policy: dict[str, Any]
-    provider_account_id: str | None
-    region: str
-    display_name: str | None
-    labels: dict[str, Any]
-    archived: bool
-    version: int
-    created_at: datetime
-    updated_at: datetime
+# A locked pool's row as a write reads and changes it (pool_rows.write_pool): the pool's
+# stored columns, the same record the read model's PoolView is built on.
+LockedPool = StoredPool
+POOL_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StoredPool))
 
 
 # The pool's row locked, with the actor's own authz row beside it (outer-joined: only the
@@ -184,10 +167,13 @@ _POOLS: Table = Pool.__table__  # type: ignore[assignment]
 _AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
 _LOCK_OWNED_ROW = (
     select(
-        *(_POOLS.c[name] for name in LockedPool.__slots__),
+        *(_POOLS.c[name] for name in POOL_COLUMNS),
         *(
             _AUTHZ.c[name].label(f"owner_{name}")
             for name in ("gpu_model", "pool_class", "sharing", "region", "owned")
+        ),
+        caller_live(bindparam("token", type_=String()), bindparam("role", type_=String())).label(
+            "caller_live"
         ),
     )
     .select_from(

@@ -58,11 +58,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from app.capacity import json_sql, reservations
+from app.capacity import json_sql, read_rules, reservations
 from app.capacity.idempotency import IdempotentCreate
 from app.capacity.inputs import CreateReservationInput
 from app.capacity.json_sql import Statement
-from app.capacity.read_rules import lineage_cte, nearest_grant_tenant, pool_seen_by, token_live
+from app.capacity.read_rules import lineage_cte, nearest_grant_tenant, pool_seen_by
 from app.capacity.views import ReservationView
 from app.catalog import CREATE_RESERVATION
 from app.db.engine import Database
@@ -97,7 +97,7 @@ def caller_live() -> ColumnElement[bool]:
     """The remembered caller's token still live, its binding the role it was remembered
     with and not narrowed (read_rules.token_live); no token (a caller looked up for this
     request): true."""
-    return or_(param("token").is_(None), token_live(param("token"), param("role")))
+    return read_rules.caller_live(param("token"), param("role"))
 
 
 def _statement(count: int, keyed: bool) -> Select[Any]:

@@ -13,13 +13,12 @@ from app.capacity.access import (
     LockedPool,
     check_version,
     lock_owned_pool_row,
-    resolve_actor,
 )
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
-from app.capacity.pool_reads import pool_detail
+from app.capacity.pool_reads import owned_pool_detail, pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
 from app.capacity.projection import put_authz_row, remove_authz_rows
 from app.capacity.reads import Actor, load_lineage
@@ -36,10 +35,6 @@ from app.iam.principal import Principal
 SHARED_GPU_MODES = ("timeslice", "mps")
 
 # Statements every call runs alike, built once; the pool is bound per call.
-_TENANT_NODES = select(
-    exists().where(Node.pool_id == bindparam("pool_id"), Node.owner_tenant_id.is_not(None))
-)
-_OFFER_COUNT = select(func.count()).select_from(Offer).where(Offer.pool_id == bindparam("pool_id"))
 _OFFERS_ON = select(Offer).where(Offer.pool_id == bindparam("pool_id")).order_by(Offer.tenant_id)
 # The same offers as rows, not entities: what a write reads of them (built once).
 _OFFER_ROWS = (
@@ -49,8 +44,10 @@ _OFFER_ROWS = (
 )
 
 
-async def _check_offer_state(uow: UnitOfWork, pool: LockedPool, inp: OfferPoolInput) -> None:
-    """The seed's INVALID_STATE rules for offer."""
+async def _check_offer_state(
+    uow: UnitOfWork, pool: LockedPool, inp: OfferPoolInput, facts: Row[Any]
+) -> None:
+    """The seed's INVALID_STATE rules for offer, over `_OFFER_FACTS`' row."""
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     to_guest = inp.to_tenant_id != pool.tenant_id
@@ -61,14 +58,12 @@ async def _check_offer_state(uow: UnitOfWork, pool: LockedPool, inp: OfferPoolIn
             f"a {pool.sharing} pool can only be offered to its owner, without descendants",
             field="toTenantId",
         )
-    if shared:
-        tenant_nodes = await uow.statements.scalar(_TENANT_NODES, {"pool_id": pool.id})
-        if tenant_nodes:
-            raise InvalidState(
-                "a pool holding tenant-owned nodes can only be offered to its owner, "
-                "without descendants",
-                field="toTenantId",
-            )
+    if shared and facts.tenant_nodes:
+        raise InvalidState(
+            "a pool holding tenant-owned nodes can only be offered to its owner, "
+            "without descendants",
+            field="toTenantId",
+        )
     if pool.policy.get("singleTenant"):
         if inp.include_descendants:
             raise InvalidState(
@@ -84,16 +79,10 @@ async def _check_offer_state(uow: UnitOfWork, pool: LockedPool, inp: OfferPoolIn
             )
 
 
-async def _check_offer_bounds(
-    statements: SessionStatements,
-    pool_id: str,
-    inp: OfferPoolInput,
-    *,
-    new_offer: bool,
-    rows: set[str],
-) -> None:
+def _check_offer_bounds(inp: OfferPoolInput, *, offers: int | None, rows: set[str]) -> None:
     """Sizes that grow with each offer (app/capacity/bounds.py). Rows not named keep their
-    value, so successive offers could otherwise pile up rows a single map cannot hold."""
+    value, so successive offers could otherwise pile up rows a single map cannot hold.
+    `offers`: the pool's offers, for a new offer (None: the target's is resized)."""
     held = len(rows | set(inp.quota))
     if held > MAX_RESOURCES:
         raise ResourceExhausted(
@@ -103,16 +92,13 @@ async def _check_offer_bounds(
             limit="quotaRowsPerTenant",
             max=MAX_RESOURCES,
         )
-    if new_offer:
-        count = await statements.scalar(_OFFER_COUNT, {"pool_id": pool_id})
-        if (count or 0) >= MAX_OFFERS_PER_POOL:
-            raise ResourceExhausted(
-                f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, "
-                "its owner included",
-                field="toTenantId",
-                limit="offersPerPool",
-                max=MAX_OFFERS_PER_POOL,
-            )
+    if offers is not None and offers >= MAX_OFFERS_PER_POOL:
+        raise ResourceExhausted(
+            f"a pool may be offered to at most {MAX_OFFERS_PER_POOL} tenants, its owner included",
+            field="toTenantId",
+            limit="offersPerPool",
+            max=MAX_OFFERS_PER_POOL,
+        )
 
 
 def next_version(pool: Pool | LockedPool) -> dict[str, Any]:
@@ -186,14 +172,32 @@ _AT_OFFER = (_OFFERS.c.pool_id == bindparam("pool_key")) & (
 _AT_QUOTAS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & (
     _QUOTAS.c.tenant_id == bindparam("tenant")
 )
-_OFFER = select(_OFFERS.c.include_descendants, _OFFERS.c.priority).where(_AT_OFFER)
 _LOCK_QUOTAS = (
     select(_QUOTAS.c.resource, _QUOTAS.c.max, _QUOTAS.c.used)
     .where(_AT_QUOTAS)
     .order_by(_QUOTAS.c.resource)
     .with_for_update()
 )
-_TENANT_EXISTS = select(exists().where(Tenant.id == bindparam("tenant")))
+# What offer checks before it writes, in one statement: the target's offer (its flags,
+# NULL when it has none), the pool's offer count, whether the pool holds tenant-owned
+# nodes, and whether the target tenant exists. Read under the pool's lock (offers change
+# only under it); the rules look at them in the seed's order (no tenant oracle).
+_OFFER_FACTS = select(
+    select(_OFFERS.c.include_descendants)
+    .where(_AT_OFFER)
+    .scalar_subquery()
+    .label("include_descendants"),
+    select(_OFFERS.c.priority).where(_AT_OFFER).scalar_subquery().label("priority"),
+    select(func.count())
+    .select_from(_OFFERS)
+    .where(_OFFERS.c.pool_id == bindparam("pool_key"))
+    .scalar_subquery()
+    .label("offers"),
+    exists()
+    .where(Node.pool_id == bindparam("pool_key"), Node.owner_tenant_id.is_not(None))
+    .label("tenant_nodes"),
+    exists().where(Tenant.id == bindparam("tenant")).label("tenant_exists"),
+)
 _ADD_OFFER = insert(_OFFERS)
 _SET_OFFER = update(_OFFERS).where(_AT_OFFER)
 _ADD_QUOTA = insert(_QUOTAS)
@@ -243,18 +247,18 @@ async def _withdrawn(
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     statements = uow.statements
-    actor = await resolve_actor(statements, principal, inp.tenant_id, OFFER_POOL)
-    pool = await lock_owned_pool_row(statements, actor, inp.pool_id, OFFER_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
-    await _check_offer_state(uow, pool, inp)
     at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
-    offer = (await statements.execute(_OFFER, at)).one_or_none()
+    facts = (await statements.execute(_OFFER_FACTS, at)).one()
+    await _check_offer_state(uow, pool, inp, facts)
+    offer = None if facts.include_descendants is None else facts
     # Locked: a concurrent release must not change `used` under the resize.
     rows = {row.resource: row for row in (await statements.execute(_LOCK_QUOTAS, at)).all()}
-    await _check_offer_bounds(statements, pool.id, inp, new_offer=offer is None, rows=set(rows))
-    target_exists = await statements.scalar(_TENANT_EXISTS, {"tenant": inp.to_tenant_id})
+    _check_offer_bounds(inp, offers=facts.offers if offer is None else None, rows=set(rows))
+    target_exists = facts.tenant_exists
     if not target_exists and principal.is_fleet_admin:
         # A fleet admin may act for any tenant, so it learns which exist from tenantId
         # anyway: it is told, which catches a typo in a fleet file.
@@ -326,12 +330,12 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         include_descendants=inp.include_descendants,
         new_offer=offer is None,
     )
-    await write_pool(statements, pool, next_version(pool))
+    pool = await write_pool(statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.offered",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={
                 "toTenantId": inp.to_tenant_id,
                 "quota": dict(inp.quota),
@@ -344,6 +348,8 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         )
     )
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
+    if inp.to_tenant_id == pool.tenant_id:
+        return await owned_pool_detail(statements, principal, pool)
     lineage = (
         await load_lineage(statements, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
     )
@@ -355,8 +361,7 @@ async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
     session = uow.session
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UNOFFER_POOL)
-    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UNOFFER_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, UNOFFER_POOL)
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)
@@ -373,12 +378,12 @@ async def unoffer_pool(
     quota = {r.resource: r.max for r in found if r.resource is not None}
     before = offer_entry(offer.include_descendants, offer.priority, quota)
     await withdraw_offer(uow.statements, pool.id, inp.to_tenant_id)
-    await write_pool(uow.statements, pool, next_version(pool))
+    pool = await write_pool(uow.statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(
             type="pool.unoffered",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={
                 "toTenantId": inp.to_tenant_id,
                 "version": pool.version,

@@ -23,7 +23,9 @@ from app.capacity.paging import Page, PageRequest
 from app.capacity.reads import (
     Actor,
     effective_quotas,
+    offers_and_own_quotas,
     offers_of,
+    owned_pool_view,
     reservations_pages,
     visible_pool,
     visible_pools,
@@ -38,6 +40,7 @@ from app.capacity.views import (
     PoolView,
     QuotaView,
     ReservationView,
+    StoredPool,
 )
 from app.catalog import GET_POOL, LIST_POOLS, LIST_RESERVATIONS, POOL_CAPACITY
 from app.db.engine import Executor
@@ -105,6 +108,36 @@ async def pool_detail(executor: Executor, actor: Actor, pool_id: str) -> PoolDet
     pool = await visible_pool(executor, actor, pool_id)
     (detail,) = await read_parts(executor, actor.principal, [pool], DETAIL_PARTS)
     return detail
+
+
+OwnedParts = tuple[tuple[OfferView, ...], tuple[QuotaView, ...]]
+
+
+async def owned_parts(
+    executor: Executor, principal: Principal, pool: StoredPool
+) -> OwnedParts | None:
+    """An owned pool's offers and its owner's quota rows in one statement
+    (reads.offers_and_own_quotas), for a caller that reads the offers; None for one that
+    does not (its answer reads the quota rows alone). What a write that changes neither
+    reads first, for its own rules and its answer."""
+    if offers_denied(principal, owned_pool_view(pool)) is not None:
+        return None
+    return await offers_and_own_quotas(executor, pool)
+
+
+async def owned_pool_detail(
+    executor: Executor, principal: Principal, pool: StoredPool, parts: OwnedParts | None = None
+) -> PoolDetail:
+    """`pool_detail` of a pool its owner wrote, as the owner sees it: the view built from
+    the row the write holds (reads.owned_pool_view), with its parts (DETAIL_PARTS): those
+    the write read already (`owned_parts`, still what the pool holds), else read now."""
+    view = owned_pool_view(pool)
+    if offers_denied(principal, view) is not None:
+        # The offers withheld: read_parts says so, and reads the quota rows alone.
+        (detail,) = await read_parts(executor, principal, [view], DETAIL_PARTS)
+        return detail
+    offers, quotas = parts if parts is not None else await offers_and_own_quotas(executor, pool)
+    return PoolDetail(view, quotas, offers)
 
 
 def _readable(principal: Principal, views: Sequence[PoolView]) -> list[PoolView]:

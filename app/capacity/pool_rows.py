@@ -11,6 +11,7 @@ nothing to flush.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Table, bindparam, update
@@ -28,13 +29,12 @@ _WRITE_POOL = update(_POOLS).where(_POOLS.c.id == bindparam("pool_key"))
 
 async def write_pool(
     statements: SessionStatements, pool: LockedPool, values: Mapping[str, Any]
-) -> None:
-    """Set `values` (by attribute) on the locked pool's row and on `pool`, and on the
-    session's Pool of that row if one is loaded, as its committed state."""
+) -> LockedPool:
+    """Set `values` (by attribute) on the locked pool's row, and on the session's Pool of
+    that row if one is loaded, as its committed state; returns `pool` with them."""
     await statements.execute(_WRITE_POOL, {"pool_key": pool.id, **values})
-    for name, value in values.items():
-        setattr(pool, name, value)
     sync_loaded(statements, Pool, lambda loaded: loaded.id == pool.id, lambda _: values)
+    return replace(pool, **values)
 
 
 def sync_loaded(

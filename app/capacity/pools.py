@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, insert, select
 
 from app.capacity.access import (
+    POOL_COLUMNS,
     LockedPool,
     check_version,
     lock_owned_pool,
@@ -24,7 +25,7 @@ from app.capacity.inputs import (
 )
 from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
-from app.capacity.pool_reads import pool_detail
+from app.capacity.pool_reads import owned_parts, owned_pool_detail, pool_detail
 from app.capacity.pool_rows import write_pool
 from app.capacity.projection import put_authz_row, refresh_authz_rows
 from app.capacity.reads import (
@@ -144,7 +145,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         created_at=now,
         updated_at=now,
     )
-    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in LockedPool.__slots__})
+    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in POOL_COLUMNS})
     note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
     owner = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
     await statements.execute(
@@ -174,7 +175,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
             audience=frozenset({actor.tenant_id}),
         )
     )
-    return await pool_detail(statements, actor, pool_id)
+    return await owned_pool_detail(statements, principal, pool)
 
 
 _SITES: Table = Site.__table__  # type: ignore[assignment]
@@ -196,8 +197,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, UPDATE_POOL)
-    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, UPDATE_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, UPDATE_POOL)
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
@@ -206,7 +206,10 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         decide_pool(principal, UPDATE_POOL.permission, moved)
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
-    offers = await offer_rows(uow.statements, pool.id)
+    # The offers (with the owner's quota rows, for the answer: an update changes neither),
+    # or, for a caller that may not read them, the offers alone for the rules and event.
+    parts = await owned_parts(uow.statements, principal, pool)
+    offers = parts[0] if parts is not None else await offer_rows(uow.statements, pool.id)
     changed: list[str] = []
     changes: list[Change] = []
     written: dict[str, Any] = {}
@@ -237,12 +240,12 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         changed.append("gpuModel")
     written["version"] = pool.version + 1
     written["updated_at"] = utcnow()
-    await write_pool(uow.statements, pool, written)  # the pool's row, in one UPDATE
+    pool = await write_pool(uow.statements, pool, written)  # the pool's row, one UPDATE
     if moved_model:  # the same model leaves every authz row as it is
         await refresh_authz_rows(uow.statements, pool)
     await refresh_rollup(uow.statements, pool)
-    _emit_updated(uow, actor, pool, offers, changed, changes)
-    return await pool_detail(uow.statements, actor, pool.id)
+    _emit_updated(uow, inp.tenant_id, pool, offers, changed, changes)
+    return await owned_pool_detail(uow.statements, principal, pool, parts)
 
 
 # -- label ---------------------------------------------------------------------------------
@@ -280,13 +283,13 @@ async def label_pool(uow: UnitOfWork, principal: Principal, inp: LabelPoolInput)
     pool.updated_at = utcnow()
     await session.flush()
     offers = await offers_on(session, pool.id)
-    _emit_updated(uow, actor, pool, offers, changed, changes)
+    _emit_updated(uow, actor.tenant_id, pool, offers, changed, changes)
     return await pool_detail(uow.statements, actor, pool.id)
 
 
 def _emit_updated(
     uow: UnitOfWork,
-    actor: Actor,
+    tenant_id: str,
     pool: Pool | LockedPool,
     offers: Any,
     changed: Any,
@@ -297,7 +300,7 @@ def _emit_updated(
         PendingEvent(
             type="pool.updated",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=tenant_id,
             data={"version": pool.version, "changed": changed, "changes": changes},
             audience=frozenset(o.tenant_id for o in offers) | {pool.tenant_id},
         )
@@ -311,26 +314,25 @@ async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
     session = uow.session
-    actor = await resolve_actor(uow.statements, principal, inp.tenant_id, ARCHIVE_POOL)
-    pool = await lock_owned_pool_row(uow.statements, actor, inp.pool_id, ARCHIVE_POOL.permission)
+    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, ARCHIVE_POOL)
     check_version(pool, inp.version)
     if inp.dry_run:
         return await archive_impact(session, principal, pool)
     if pool.archived:
-        return await pool_detail(uow.statements, actor, pool.id)
+        return await owned_pool_detail(uow.statements, principal, pool)
     removed = await withdraw_guest_offers(uow.statements, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
     await lock_capacity_rows(uow.statements, pool.id)
     archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
-    await write_pool(uow.statements, pool, archived)
+    pool = await write_pool(uow.statements, pool, archived)
     uow.emit(
         PendingEvent(
             type="pool.archived",
             pool_id=pool.id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={"removedTenantIds": removed, "version": pool.version},
             audience=frozenset(removed) | {pool.tenant_id},
         )
     )
-    return await pool_detail(uow.statements, actor, pool.id)
+    return await owned_pool_detail(uow.statements, principal, pool)

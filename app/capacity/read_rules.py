@@ -168,6 +168,12 @@ def offers_shown(
     return and_(owner == tenant_id, shares)
 
 
+def caller_live(token: ColumnElement[str], role: ColumnElement[str]) -> ColumnElement[bool]:
+    """A remembered caller still holds (`token_live`); no token (a caller looked up for
+    this request): true."""
+    return or_(token.is_(None), token_live(token, role))
+
+
 def token_live(token: ColumnElement[str], role: ColumnElement[str]) -> Any:
     """The caller's token is live and its role binding is `role`, not narrowed: what a
     remembered principal was remembered with (an EXISTS)."""

@@ -31,6 +31,7 @@ from app.capacity.views import (
     PoolView,
     QuotaView,
     ReservationView,
+    StoredPool,
 )
 from app.db.engine import Executor
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
@@ -174,7 +175,15 @@ _STORED = tuple(
 _ORDER = {name: POOL.relation(name).order for name in ("quotas", "capacity", "offers")}
 
 
-def _pool_view(row: Pool | Row[Any], actor_tenant: str, grant: Grant) -> PoolView:
+def owned_pool_view(pool: StoredPool) -> PoolView:
+    """A pool as its owner sees it, from its row (one a write holds): granted by the
+    owner's own authz row, which carries the pool's attributes (projection.authz_values,
+    refreshed when they change)."""
+    attributes = PoolAttributes(pool.gpu_model, pool.pool_class, pool.sharing, pool.region, True)
+    return _pool_view(pool, pool.tenant_id, Grant(tenant_id=pool.tenant_id, attributes=attributes))
+
+
+def _pool_view(row: Pool | Row[Any] | StoredPool, actor_tenant: str, grant: Grant) -> PoolView:
     stored = {name: getattr(row, key) for name, key in _STORED}
     return PoolView(
         **stored,
@@ -328,6 +337,7 @@ _OFFERS_OF = (
         Offer.tenant_id,
         Offer.include_descendants,
         Offer.priority,
+        Offer.created_at,
         QuotaRow.resource,
         QuotaRow.max,
         QuotaRow.used,
@@ -344,6 +354,33 @@ async def offers_of(
     """Every offer of each pool (the owner's included) with the offered tenant's quota rows,
     in one statement: each offer once per quota row it holds (or once, with none)."""
     rows = (await executor.execute(_OFFERS_OF, {"pool_ids": list(pool_ids)})).all()
+    return _offer_views(rows, pool_ids)
+
+
+async def offers_and_own_quotas(
+    executor: Executor, pool: StoredPool
+) -> tuple[tuple[OfferView, ...], tuple[QuotaView, ...]]:
+    """`offers_of` one pool, and its owner's quota rows as `effective_quotas` gives them
+    to the owner (its own offer their grant: the owner's offer is never withdrawn), from
+    the same statement: an owned pool's two parts in one round trip."""
+    rows = (await executor.execute(_OFFERS_OF, {"pool_ids": [pool.id]})).all()
+    own = tuple(
+        QuotaView(
+            r.resource,
+            r.max,
+            r.used,
+            pool.id,
+            GrantView(None, pool.tenant_id, r.include_descendants, r.priority, r.created_at),
+        )
+        for r in rows
+        if r.tenant_id == pool.tenant_id and r.resource is not None
+    )
+    return _offer_views(rows, [pool.id])[pool.id], own
+
+
+def _offer_views(rows: Sequence[Any], pool_ids: Sequence[str]) -> dict[str, tuple[OfferView, ...]]:
+    """`_OFFERS_OF`'s rows as each pool's offers: each offer once per quota row it holds
+    (or once, with none), in offer order."""
     grouped: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for r in rows:  # in offer order, each offer's rows in resource order
         grouped[(r.pool_id, r.tenant_id)].append(r)

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import metrics
@@ -68,6 +68,7 @@ from app.capacity.views import (
 from app.db.engine import Database
 from app.db.errors import connection_fault, to_domain_error
 from app.db.read_scope import ReadScope
+from app.db.uow import CallerChanged as CallerChanged  # the transports catch it from here
 from app.db.uow import Notify, UnitOfWork
 from app.errors import DomainError, InvalidInput, NotFound, PermissionDenied
 from app.events.relay import Relay, Subscription
@@ -82,11 +83,6 @@ _CHECKED_TOKEN: ContextVar[str | None] = ContextVar("bettercompute_checked_token
 # Whether the remembered caller's token and binding hold, built once (booking.caller_live:
 # the token live, its binding the role it was remembered with and not narrowed).
 _CALLER_LIVE = select(booking.caller_live())
-
-
-class CallerChanged(Exception):
-    """The remembered caller's token is no longer live or its binding changed: the write
-    wrote nothing; the transport looks the caller up and runs it again."""
 
 
 class Capacity:
@@ -145,23 +141,38 @@ class Capacity:
     ) -> T:
         """Run `work` in one unit of work. With an idempotency key, a concurrent twin that
         won the insert makes ours fail on the key; running again then reads its result.
-        A remembered caller's (token_checked) is checked first, in the same transaction."""
-        attempts = 3 if retry else 1
+        A remembered caller's (token_checked) is checked in the same transaction before it
+        commits, and before a refusal is answered (one decided on a caller that changed is
+        not its answer): by the write's first statement where it carries the check
+        (access.lock_owned_pool_row), else by a statement of its own. A connection found
+        dead on the first statement (nothing written) runs it once more, on a new
+        connection (app/db/engine.py)."""
+        twins = 2 if retry else 0  # runs again after a twin's insert
+        reconnects = 1  # runs again after a connection found dead (uow.met_a_dead_connection)
         token = _CHECKED_TOKEN.get()
-        for attempt in range(attempts):
+        while True:
+            uow = self.unit_of_work()
             try:
-                async with self.unit_of_work() as uow:
+                async with uow:
                     if token is not None and principal is not None:
-                        checked = {"token": token, "role": principal.role}
-                        if principal.conditions or not await uow.statements.scalar(
-                            _CALLER_LIVE, checked
-                        ):
+                        if principal.conditions:
                             raise CallerChanged
-                    return await work(uow)
+                        uow.caller = {"token": token, "role": principal.role}
+                    try:
+                        answer = await work(uow)
+                    except DomainError:
+                        await _check_caller(uow)
+                        raise
+                    await _check_caller(uow)
+                    return answer
             except IntegrityError:
-                if attempt == attempts - 1:
+                if twins == 0:
                     raise
-        raise AssertionError("unreachable")
+                twins -= 1
+            except DBAPIError as exc:
+                if reconnects == 0 or not uow.met_a_dead_connection(exc):
+                    raise
+                reconnects -= 1
 
     # -- pools ---------------------------------------------------------------------------
 
@@ -457,6 +468,13 @@ class Capacity:
         return await pool_events.open_pool_events(
             self._relay, self.db, self.events.bindings, principal, inp
         )
+
+
+async def _check_caller(uow: UnitOfWork) -> None:
+    """The remembered caller's check, by a statement of its own, unless a statement of the
+    write carried it already."""
+    if uow.caller is not None and not uow.caller_checked:
+        uow.caller_seen(bool(await uow.statements.scalar(_CALLER_LIVE, uow.caller)))
 
 
 async def _counted(write: str, answer: Awaitable[ReservationView | None]) -> ReservationView | None:

@@ -82,8 +82,10 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolView:
-    """A pool as one tenant sees it; its nested parts are loaded for many pools at once."""
+class StoredPool:
+    """A pool's stored columns (the model's, tests/capacity/test_fields.py holds them to
+    it): the part of `PoolView` read from its row, and the row a write locks, reads and
+    changes (access.LockedPool). A column is added here once, for both."""
 
     id: str
     tenant_id: str
@@ -92,16 +94,24 @@ class PoolView:
     gpu_model: str | None
     sharing: str
     agent: str
-    policy: dict[str, Any]  # readable: secrets shown as `<name>Set: true` (policy.readable_policy)
+    # Stored, secrets and all, on a write's row; readable on a PoolView (secrets shown as
+    # `<name>Set: true`, policy.readable_policy).
+    policy: dict[str, Any]
     provider_account_id: str | None
     region: str
     display_name: str | None
     labels: dict[str, str]
-    owned: bool
     archived: bool
     version: int
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView(StoredPool):
+    """A pool as one tenant sees it; its nested parts are loaded for many pools at once."""
+
+    owned: bool
     grant: Grant
 
 

@@ -10,6 +10,18 @@ budget"): opening a connection, taking one from the pool, and each statement, so
 database that refuses, drops or stops answering turns into UNAVAILABLE in bounded time
 instead of requests that hang for as long as the outage lasts.
 
+A pooled connection that died while idle (a server restart, a terminated backend, a
+PgBouncer restart) is handled without a round trip per checkout (SQLAlchemy's
+`pool_pre_ping` costs three on asyncpg: BEGIN, a ping, ROLLBACK). Pessimistically where
+it costs nothing: the server closes the socket, asyncpg's connection sees it
+(`is_closed()`), and the pool's `checkout` event raises DisconnectionError, so the pool
+connects afresh. Optimistically for the rest (a connection that dies between checkout and
+its first statement): SQLAlchemy invalidates the connection and the pool's older ones
+(`DBAPIError.connection_invalidated`), the caller answers UNAVAILABLE, and a unit of work
+whose first statement met it, having written nothing, runs once more on a new connection
+(Capacity._write). A connection that stops answering without closing is bounded by the
+statement timeout, as a ping would have been.
+
 Behind PgBouncer in transaction mode (a PostgreSQL URL with `?pgbouncer=true`, README
 "Connection budget") a server connection serves one transaction and then another client:
 nothing may outlive a transaction. So statements are not cached per connection and each
@@ -26,6 +38,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 
 from app.config import Settings
@@ -165,6 +178,18 @@ def _sqlite_reads(url: str, s: Settings, busy_timeout: int) -> DirectSQLiteReads
     )
 
 
+def refuse_closed_on_checkout(engine: AsyncEngine) -> None:
+    """A pooled connection the server closed while it was idle is replaced at checkout,
+    with no round trip (module docstring): the pool retries the checkout on a
+    DisconnectionError."""
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", None)
+        if driver is not None and driver.is_closed():
+            raise DisconnectionError("the pooled connection was closed while idle")
+
+
 def create_database(url: str, settings: Settings | None = None) -> Database:
     """The engines for `url`, sized and bounded by `settings` (its db_* fields)."""
     s = settings or Settings()
@@ -210,10 +235,10 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         pool_size=s.db_pool_size,
         max_overflow=s.db_max_overflow,
         pool_timeout=s.db_acquire_timeout_s,
-        pool_pre_ping=True,
         hide_parameters=True,
         connect_args=connect_args,
     )
+    refuse_closed_on_checkout(engine)
     if pgbouncer:
 
         @event.listens_for(engine.sync_engine, "begin")

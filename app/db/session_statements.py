@@ -184,6 +184,9 @@ class SessionStatements:
         self._driver = driver
         self._connection: AsyncConnection | None = None
         self._raw: Any = None
+        # Whether a statement has come back: until one has, a connection that failed was
+        # dead before this unit of work sent anything (app/db/engine.py).
+        self.answered = False
 
     async def connection(self) -> AsyncConnection:
         if self._connection is None:
@@ -210,7 +213,9 @@ class SessionStatements:
         conn = await self.connection()
         raw = self._raw
         compiled = None
-        if raw is not None and raw.is_in_transaction():
+        # A closed connection (asyncpg's is_in_transaction fails on one) takes the plain
+        # path, where SQLAlchemy sees the disconnect and invalidates it.
+        if raw is not None and not raw.is_closed() and raw.is_in_transaction():
             assert self._driver is not None
             compiled = self._driver.get(statement, params or {})  # never an ORM one
         if compiled is None and is_orm(statement):
@@ -218,7 +223,9 @@ class SessionStatements:
         if session.new or session.dirty or session.deleted:
             await session.flush()  # as the session's autoflush before it runs a statement
         if compiled is None:
-            return await conn.execute(statement, dict(params) if params else None)
+            result = await conn.execute(statement, dict(params) if params else None)
+            self.answered = True
+            return result
         sql, args = compiled.arguments(params or {})
         statement_sent()
         try:
@@ -234,6 +241,7 @@ class SessionStatements:
         if session.new or session.dirty or session.deleted:
             await session.flush()
         await (await self.connection()).execute(statement, rows)
+        self.answered = True
 
     async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
         return (await self.execute(statement, params)).scalar()

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
@@ -21,6 +22,13 @@ from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
 log = logging.getLogger(__name__)
 
 Notify = Callable[[Position], Awaitable[None]]  # the newest position committed
+# The caller-check parameters of a unit of work with no remembered caller (always live).
+NO_CALLER: dict[str, str | None] = {"token": None, "role": None}
+
+
+class CallerChanged(Exception):
+    """The remembered caller's token is no longer live or its binding changed: the write
+    wrote nothing (it rolled back); the transport looks the caller up and runs it again."""
 
 
 class UnitOfWork:
@@ -32,6 +40,11 @@ class UnitOfWork:
         self.rows: SessionRows  # the inventory rows (app/db/inventory_rows.py) in `session`
         # Core statements in `session`'s transaction (app/db/session_statements.py)
         self.statements: SessionStatements
+        # A remembered caller's token and role (Capacity.token_checked), checked in this
+        # transaction before it commits: by a statement of the write that carries the
+        # check (`caller_params`, then `caller_seen`), else by one of its own.
+        self.caller: dict[str, str] | None = None
+        self.caller_checked = False
 
     @property
     def dialect(self) -> str:
@@ -46,6 +59,28 @@ class UnitOfWork:
     async def lock_pool(self, pool_id: str) -> bool:
         """Lock a pool's row for its events, when nothing else locks it (tools, tests)."""
         return await lock_pool_for_events(self.session, pool_id)
+
+    def caller_params(self) -> dict[str, str | None]:
+        """The bound parameters of read_rules.caller_live for this unit of work."""
+        return NO_CALLER if self.caller is None else {**self.caller}
+
+    def caller_seen(self, live: bool) -> None:
+        """What a statement carrying the caller check found: CallerChanged if not live."""
+        if self.caller is None:
+            return
+        if not live:
+            raise CallerChanged
+        self.caller_checked = True
+
+    def met_a_dead_connection(self, exc: BaseException) -> bool:
+        """Whether `exc` is a connection found dead on this unit of work's first statement:
+        nothing was sent that the server kept, so the work may run again on a new
+        connection (app/db/engine.py: no ping on checkout)."""
+        return (
+            isinstance(exc, DBAPIError)
+            and exc.connection_invalidated
+            and not self.statements.answered
+        )
 
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)

@@ -137,6 +137,31 @@ _AUDIENCE = insert(_AUDIENCE_TABLE).from_select(
 )
 
 
+# One event with its audience in one statement (PostgreSQL: the audience's INSERT a
+# data-modifying CTE over the event's returned seq): a write's one event, one round trip.
+_EVENT = (
+    insert(_EVENTS)
+    .values(
+        tx=func.greatest(CurrentTx(), _POOL_NEWEST_TX),
+        # Named: an INSERT in a CTE takes no values from the execution's parameters.
+        **{
+            key: bindparam(key, type_=_EVENTS.c[key].type)
+            for key in ("type", "pool_id", "tenant_id", "occurred_at", "data")
+        },
+    )
+    .returning(_EVENTS.c.tx, _EVENTS.c.seq)
+    .cte("event")
+)
+_EVENT_AUDIENCE = insert(_AUDIENCE_TABLE).from_select(
+    ["seq", "tenant_id"],
+    select(
+        _EVENT.c.seq,
+        func.unnest(bindparam("tenants", type_=postgresql.ARRAY(EventAudience.tenant_id.type))),
+    ),
+)
+_INSERT_ONE = select(_EVENT.c.tx, _EVENT.c.seq).add_cte(_EVENT_AUDIENCE.cte("audience"))
+
+
 class LockOrderViolation(AssertionError):
     """An event for a pool whose row the transaction did not lock: its place in the pool's
     order would be a race, so the write is refused."""
@@ -173,8 +198,11 @@ async def append_events(
     if postgres:
         for row in rows:
             row["tx_pool"] = row["pool_id"]
+    if postgres and len(rows) == 1:  # a write's one event: with its audience, one statement
+        params = {**rows[0], "tenants": sorted(pending[0].audience)}
+        tx, seq = (await statements.execute(_INSERT_ONE, params)).one()
+        return Position(tx, seq)
     # One statement however many events; positions come back in the order of `pending`.
-    # One event (a write's) is one row, bound as such: the built-once path takes it.
     inserted = _INSERT if postgres else _INSERT_SQLITE
     found = (
         await statements.execute(inserted, rows[0])

@@ -20,6 +20,7 @@ from graphql import (
 from sqlalchemy import Column, DateTime, literal, select
 
 from app.capacity import json_reads
+from app.capacity.access import LockedPool
 from app.capacity.fields import (
     CAPACITY,
     LENDING_ROW,
@@ -37,8 +38,10 @@ from app.capacity.fields import (
 )
 from app.capacity.json_sql import DIALECTS
 from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
+from app.capacity.views import PoolView, StoredPool
 from app.compat import graphql_core_schema
 from app.db.engine import Database
+from app.db.models import Pool
 from schema.app import schema
 from schema.compiled_reads import CompiledReads
 
@@ -143,6 +146,18 @@ def test_nullable_columns_are_nullable_fields() -> None:
             column = entry.column if isinstance(entry, Value) else None
             if isinstance(column, Column) and column.nullable:
                 assert entry.nullable, f"{table.graphql}.{entry.name}"
+
+
+def test_a_pools_stored_columns_are_the_models() -> None:
+    """views.StoredPool, the stored part of PoolView and the row a write locks and changes
+    (access.LockedPool), holds every column of the model's table and nothing else: a
+    column added to one and not the other fails here. Its rows of the table of fields
+    name the same columns."""
+    stored = {f.name for f in dataclasses.fields(StoredPool)}
+    assert stored == {c.key for c in Pool.__table__.columns}
+    assert LockedPool is StoredPool and issubclass(PoolView, StoredPool)
+    read = {e.name for e in POOL.entries if isinstance(e, Value) and isinstance(e.column, Column)}
+    assert read == stored
 
 
 def _shape_fields(table: Table) -> tuple[Field, ...]:

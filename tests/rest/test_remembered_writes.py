@@ -58,3 +58,36 @@ async def test_a_rebound_caller_is_decided_as_it_is_now(api: Api, fleet: Fleet) 
     async with UnitOfWork(fleet.db) as uow:
         await rebind_caller(uow, principal.caller_id, "admin")
     assert (await api.ok(token, "pools/update", _update(pool_id, "H200")))["pool"]["version"]
+
+
+async def test_a_refusal_of_the_old_binding_is_not_the_answer(api: Api, fleet: Fleet) -> None:
+    """The check runs before the write commits, and before a refusal is answered: a caller
+    remembered as a viewer and rebound as an admin since is not refused as the viewer it
+    was (create decides on the tenant before any statement), but checked, looked up and
+    let write. An update is refused alike until the rebinding (its locking read carries
+    the check, looked at before the pool's decision)."""
+    token, pool_id = await _scene(api, fleet)
+    site = await fleet.site("acme")
+    create = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+    principal = await authenticate(fleet.db, f"Bearer {token}")
+    async with UnitOfWork(fleet.db) as uow:
+        await rebind_caller(uow, principal.caller_id, "viewer")
+    for path, body in (("pools/create", create), ("pools/update", _update(pool_id, "H200"))):
+        await _version(api, token, pool_id)  # a read: remembered as a viewer from here
+        status, refused = await api.fails(token, path, body)
+        assert (status, refused["code"]) == (403, "PERMISSION_DENIED"), refused
+    async with UnitOfWork(fleet.db) as uow:
+        await rebind_caller(uow, principal.caller_id, "viewer")
+    await _version(api, token, pool_id)
+    async with UnitOfWork(fleet.db) as uow:
+        await rebind_caller(uow, principal.caller_id, "admin")
+    made = await api.ok(token, "pools/create", create)
+    assert made["pool"]["siteId"] == site
+    await _version(api, token, pool_id)  # remembered as the admin it is
+    async with UnitOfWork(fleet.db) as uow:
+        await rebind_caller(uow, principal.caller_id, "viewer")
+    await _version(api, token, pool_id)  # forgotten (rebound), remembered as a viewer
+    async with UnitOfWork(fleet.db) as uow:
+        await rebind_caller(uow, principal.caller_id, "admin")
+    updated = await api.ok(token, "pools/update", _update(pool_id, "H200"))
+    assert updated["pool"]["gpuModel"] == "H200"
