@@ -145,7 +145,7 @@ class Capacity:
         commits, and before a refusal is answered (one decided on a caller that changed is
         not its answer): by the write's first statement where it carries the check
         (access.lock_owned_pool_row), else by a statement of its own. A connection found
-        dead on the first statement (nothing written) runs it once more, on a new
+        dead before its COMMIT (the server kept nothing) runs it once more, on a new
         connection (app/db/engine.py)."""
         twins = 2 if retry else 0  # runs again after a twin's insert
         reconnects = 1  # runs again after a connection found dead (uow.met_a_dead_connection)

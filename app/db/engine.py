@@ -18,9 +18,11 @@ it costs nothing: the server closes the socket, asyncpg's connection sees it
 connects afresh. Optimistically for the rest (a connection that dies between checkout and
 its first statement): SQLAlchemy invalidates the connection and the pool's older ones
 (`DBAPIError.connection_invalidated`), the caller answers UNAVAILABLE, and a unit of work
-whose first statement met it, having written nothing, runs once more on a new connection
-(Capacity._write). A connection that stops answering without closing is bounded by the
-statement timeout, as a ping would have been.
+that met it before sending its COMMIT (the server keeps nothing of a transaction whose
+connection is gone) runs once more on a new connection (Capacity._write); one that met
+it during COMMIT is not run again (the server may have committed it). A connection that
+stops answering without closing is bounded by the statement timeout, as a ping would
+have been.
 
 Behind PgBouncer in transaction mode (a PostgreSQL URL with `?pgbouncer=true`, README
 "Connection budget") a server connection serves one transaction and then another client:

@@ -184,9 +184,6 @@ class SessionStatements:
         self._driver = driver
         self._connection: AsyncConnection | None = None
         self._raw: Any = None
-        # Whether a statement has come back: until one has, a connection that failed was
-        # dead before this unit of work sent anything (app/db/engine.py).
-        self.answered = False
 
     async def connection(self) -> AsyncConnection:
         if self._connection is None:
@@ -223,9 +220,7 @@ class SessionStatements:
         if session.new or session.dirty or session.deleted:
             await session.flush()  # as the session's autoflush before it runs a statement
         if compiled is None:
-            result = await conn.execute(statement, dict(params) if params else None)
-            self.answered = True
-            return result
+            return await conn.execute(statement, dict(params) if params else None)
         sql, args = compiled.arguments(params or {})
         statement_sent()
         try:
@@ -241,7 +236,6 @@ class SessionStatements:
         if session.new or session.dirty or session.deleted:
             await session.flush()
         await (await self.connection()).execute(statement, rows)
-        self.answered = True
 
     async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
         return (await self.execute(statement, params)).scalar()

@@ -45,6 +45,7 @@ class UnitOfWork:
         # check (`caller_params`, then `caller_seen`), else by one of its own.
         self.caller: dict[str, str] | None = None
         self.caller_checked = False
+        self.committing = False  # COMMIT sent: a dead connection is no longer run again
 
     @property
     def dialect(self) -> str:
@@ -73,14 +74,12 @@ class UnitOfWork:
         self.caller_checked = True
 
     def met_a_dead_connection(self, exc: BaseException) -> bool:
-        """Whether `exc` is a connection found dead on this unit of work's first statement:
-        nothing was sent that the server kept, so the work may run again on a new
-        connection (app/db/engine.py: no ping on checkout)."""
-        return (
-            isinstance(exc, DBAPIError)
-            and exc.connection_invalidated
-            and not self.statements.answered
-        )
+        """Whether `exc` is a connection found dead before this unit of work sent its
+        COMMIT: the server ends a transaction whose connection is gone without keeping
+        any of it, so the work may run again on a new connection (app/db/engine.py: no
+        ping on checkout). Never after COMMIT was sent: the server may have committed
+        it, and running it again could write it twice."""
+        return isinstance(exc, DBAPIError) and exc.connection_invalidated and not self.committing
 
     async def __aenter__(self) -> UnitOfWork:
         self.session = AsyncSession(self._db.writer, expire_on_commit=False)
@@ -98,6 +97,7 @@ class UnitOfWork:
         try:
             if exc_type is None:
                 newest = await append_events(self.statements, self._events)
+                self.committing = True
                 await self.session.commit()
             else:
                 await self.session.rollback()

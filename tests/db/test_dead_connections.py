@@ -148,3 +148,33 @@ async def test_a_write_whose_connection_died_before_its_first_statement_runs_aga
         assert response.json()["error"]["code"] == "UNAVAILABLE"
         assert int(response.headers["retry-after"]) > 0
         assert await _pools(db) == before
+
+
+@POSTGRESQL
+async def test_a_write_whose_connection_died_at_commit_is_not_run_again(
+    app: Starlette, api: Api, fleet: Fleet
+) -> None:
+    """Dead as COMMIT is sent: the server may have committed it (an answer lost on the
+    way), so the write is not run again, whatever its statements were (a create runs on
+    the unit of work's driver statements): UNAVAILABLE, and here, where the connection
+    died before COMMIT reached the server, nothing was written."""
+    token, _ = await _pool(api, fleet)
+    site = await fleet.site("acme")
+    db: Database = app.state.db
+    before = await _pools(db)
+    closed: list[int] = []
+
+    def on_commit(connection: Any) -> None:
+        if not closed:
+            connection.connection.driver_connection.terminate()
+            closed.append(1)
+
+    event.listen(db.writer.sync_engine, "commit", on_commit)
+    try:
+        response = await api.post(token, "pools/create", _create(site))
+    finally:
+        event.remove(db.writer.sync_engine, "commit", on_commit)
+    assert closed == [1]
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "UNAVAILABLE"
+    assert await _pools(db) == before
