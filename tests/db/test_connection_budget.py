@@ -90,19 +90,15 @@ async def _seed(server: PrivatePostgres, served: Served, quota: int) -> tuple[st
         await db.dispose()
 
 
-async def _watch_connections(server: PrivatePostgres, peak: list[int]) -> None:
+async def _watch_connections(watcher: asyncpg.Connection, peak: list[int]) -> None:
     """The most sessions the service's role held at once (as the superuser, on its
     reserved slots, so watching takes nothing from the service)."""
-    watcher = await asyncpg.connect(server.dsn("bc"), timeout=10)
-    try:
-        while True:
-            count = await watcher.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", ROLE
-            )
-            peak[0] = max(peak[0], count)
-            await asyncio.sleep(0.01)
-    finally:
-        await watcher.close()
+    while True:
+        count = await watcher.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", ROLE
+        )
+        peak[0] = max(peak[0], count)
+        await asyncio.sleep(0.01)
 
 
 async def _burst(budget: Budget) -> None:
@@ -129,7 +125,11 @@ async def _burst(budget: Budget) -> None:
             )
             pool_id, token = await _seed(server, processes[0], budget.quota)
             peak = [0]
-            watching = asyncio.create_task(_watch_connections(server, peak))
+            # Connected before the burst: a thousand requests on this test's own event loop
+            # can hold a connect past its timeout on a busy machine (seen in CI).
+            watcher = await asyncpg.connect(server.dsn("bc"), timeout=10)
+            stack.push_async_callback(watcher.close)
+            watching = asyncio.create_task(_watch_connections(watcher, peak))
             limits = httpx.Limits(max_connections=budget.bookings, max_keepalive_connections=0)
             async with httpx.AsyncClient(limits=limits, timeout=120) as client:
                 body = {"tenantId": "globex", "poolId": pool_id, "resources": {"gpu": 1}}
