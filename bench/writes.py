@@ -106,7 +106,7 @@ class Plan:
 
 
 FULL = Plan(5, 2, 2, 8, floor_guess=2000, service_guess=300)
-QUICK = Plan(2, 1, 1, 2, floor_guess=1000, service_guess=100, quick=True)
+QUICK = Plan(1, 1, 0, 1, floor_guess=1000, service_guess=100, quick=True)
 
 
 # --- data ---------------------------------------------------------------------------
