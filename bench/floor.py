@@ -11,6 +11,13 @@ authentication, no IAM, no validation: the least work that answers the same data
 - `/quotas?tenant`: the GraphQL `quotas` query, the guest's rows in every pool it sees
 - `/capacity?tenant&pool`, `/rest/pools/capacity?tenant&pool`: one pool's rollup as the
   guest sees it (no lender's values: those are the owner's), by GraphQL and by REST
+- `/access?tenant&pool&permission&caller&role`, `/rest/pools/explain?...`: why the
+  guest's viewer may read the pool (allowed, nothing denied: the one request measured),
+  its binding (the caller id and role given, as the service knows them from the token)
+  and the offer that grants it, by GraphQL `access` and REST `pools/explain`
+- `/lending?tenant&first`, `/rest/pools/lending?tenant&first`: the owner's capacity rows
+  with what its guests were offered and use, the most overcommitted first (lent capacity
+  on a row with none allocatable first of all), the first `first`, by GraphQL and REST
 
 The routes are written once here (`floor_app`); each dialect gives its statements
 and how to run one: PostgreSQL's below (asyncpg, `json_build_object`/`json_agg`), SQLite's
@@ -126,6 +133,55 @@ FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.
 CAPACITY = _CAPACITY.format(wrap="json_build_object('data', ", unwrap=")")
 REST_CAPACITY = _CAPACITY.format(wrap="", unwrap="")
 
+# Why the guest $1's viewer ($4, role $5) may read pool $2 ($3: a permission its role
+# holds, with no condition on its binding): its own offer grants it.
+_ACCESS = f"""
+SELECT {{wrap}}json_build_object('access', json_build_object(
+  'allowed', true, 'permission', $3::text,
+  'binding', json_build_object('callerId', $4::text, 'tenantId', $1::text, 'role', $5::text,
+    'where', '{{{{}}}}'::json, 'actingFor', $1::text, 'fleetAdmin', false),
+  'grant', json_build_object(
+    'via', CASE WHEN p.tenant_id = $1 THEN 'owner' ELSE 'offer' END, 'tenantId', a.tenant_id,
+    'includeDescendants', o.include_descendants, 'priority', o.priority,
+    'offeredAt', {_TIMESTAMP.format(col="o.created_at")}),
+  'deniedBy', NULL)){{unwrap}}::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1
+JOIN offers o ON o.pool_id = p.id AND o.tenant_id = a.tenant_id
+WHERE p.id = $2 AND (NOT p.archived OR p.tenant_id = $1)
+"""
+ACCESS = _ACCESS.format(wrap="json_build_object('data', ", unwrap=")")
+REST_EXPLAIN = _ACCESS.format(wrap="", unwrap="")
+
+# The owner $1's capacity rows of its live pools with the sums of its guests' quota rows
+# (every offer holder's but its own), ranked by offered / allocatable, lent capacity on a
+# row with none allocatable first, then in pool and resource order; the first $2. (The
+# overcommit of the rows measured is null: a float PostgreSQL writes as `8` where the
+# service writes `8.0` is not among them.)
+_LENDING = """
+WITH lent AS (
+  SELECT c.pool_id, c.resource, c.total, c.allocatable, c.booked,
+    COALESCE(sum(q.max), 0) AS offered, COALESCE(sum(q.used), 0) AS guest_used
+  FROM pools p JOIN capacity_rows c ON c.pool_id = p.id
+  LEFT JOIN (quota_rows q JOIN offers o ON o.pool_id = q.pool_id AND o.tenant_id = q.tenant_id)
+    ON q.pool_id = c.pool_id AND q.resource = c.resource AND q.tenant_id <> $1
+  WHERE p.tenant_id = $1 AND NOT p.archived
+  GROUP BY c.pool_id, c.resource, c.total, c.allocatable, c.booked
+), ranked AS (
+  SELECT *, CASE WHEN allocatable > 0 THEN offered::float8 / allocatable END AS overcommit,
+    CASE WHEN allocatable > 0 THEN offered::float8 / allocatable
+      WHEN offered > 0 THEN 'Infinity'::float8 ELSE -1 END AS by
+  FROM lent ORDER BY by DESC, pool_id COLLATE "C", resource COLLATE "C" LIMIT $2
+)
+SELECT {wrap}json_build_object('lending', COALESCE(json_agg(json_build_object(
+    'poolId', pool_id, 'resource', resource, 'total', total, 'allocatable', allocatable,
+    'booked', booked, 'available', allocatable - booked, 'offered', offered,
+    'guestUsed', guest_used, 'overcommit', overcommit)
+  ORDER BY by DESC, pool_id COLLATE "C", resource COLLATE "C"), '[]')){unwrap}::text
+FROM ranked
+"""
+LENDING = _LENDING.format(wrap="json_build_object('data', ", unwrap=")")
+REST_LENDING = _LENDING.format(wrap="", unwrap="")
+
 
 # A statement's one value (the JSON text), or None when it returns no row.
 Fetch = Callable[..., Awaitable[str | None]]
@@ -142,6 +198,10 @@ class Statements:
     quotas: str  # tenant
     capacity: str  # tenant, pool
     rest_capacity: str  # tenant, pool
+    access: str  # tenant, pool, permission, caller, role
+    rest_explain: str  # tenant, pool, permission, caller, role
+    lending: str  # tenant, first
+    rest_lending: str  # tenant, first
 
 
 def floor_app(
@@ -193,6 +253,23 @@ def floor_app(
 
         return endpoint
 
+    def access_statement(statement: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            q = request.query_params
+            asked = (q["tenant"], q["pool"], q["permission"], q["caller"], q["role"])
+            body = await request.app.state.fetch(statement, *asked)
+            return Response(body, media_type="application/json")
+
+        return endpoint
+
+    def lending_statement(statement: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            q = request.query_params
+            body = await request.app.state.fetch(statement, q["tenant"], int(q["first"]))
+            return Response(body, media_type="application/json")
+
+        return endpoint
+
     return Starlette(
         routes=[
             Route("/dashboard", dashboard),
@@ -202,13 +279,27 @@ def floor_app(
             Route("/quotas", quotas),
             Route("/capacity", one_pool_statement(statements.capacity)),
             Route("/rest/pools/capacity", one_pool_statement(statements.rest_capacity)),
+            Route("/access", access_statement(statements.access)),
+            Route("/rest/pools/explain", access_statement(statements.rest_explain)),
+            Route("/lending", lending_statement(statements.lending)),
+            Route("/rest/pools/lending", lending_statement(statements.rest_lending)),
         ],
         lifespan=lifespan,
     )
 
 
 POSTGRESQL = Statements(
-    DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST, QUOTAS, CAPACITY, REST_CAPACITY
+    DASHBOARD_PAGE,
+    ONE_POOL,
+    REST_GET,
+    REST_LIST,
+    QUOTAS,
+    CAPACITY,
+    REST_CAPACITY,
+    ACCESS,
+    REST_EXPLAIN,
+    LENDING,
+    REST_LENDING,
 )
 POOL_SIZE = 16
 

@@ -134,7 +134,64 @@ FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1 WHERE p.
 CAPACITY = _CAPACITY.format(wrap="json_object('data', ", unwrap=")")
 REST_CAPACITY = _CAPACITY.format(wrap="", unwrap="")
 
-SQLITE = Statements(DASHBOARD_PAGE, ONE_POOL, REST_GET, REST_LIST, QUOTAS, CAPACITY, REST_CAPACITY)
+# Why the guest ?1's viewer (?4, role ?5) may read pool ?2 (?3: a permission its role
+# holds, with no condition on its binding): its own offer grants it.
+_ACCESS = f"""
+SELECT {{wrap}}json_object('access', json_object(
+  'allowed', json('true'), 'permission', ?3,
+  'binding', json_object('callerId', ?4, 'tenantId', ?1, 'role', ?5,
+    'where', json_object(), 'actingFor', ?1, 'fleetAdmin', json('false')),
+  'grant', json_object(
+    'via', CASE WHEN p.tenant_id = ?1 THEN 'owner' ELSE 'offer' END, 'tenantId', a.tenant_id,
+    'includeDescendants', {_BOOLEAN.format("o.include_descendants")}, 'priority', o.priority,
+    'offeredAt', {_TIMESTAMP.format(col="o.created_at")}),
+  'deniedBy', NULL)){{unwrap}}
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1
+JOIN offers o ON o.pool_id = p.id AND o.tenant_id = a.tenant_id
+WHERE p.id = ?2 AND (NOT p.archived OR p.tenant_id = ?1)
+"""
+ACCESS = _ACCESS.format(wrap="json_object('data', ", unwrap=")")
+REST_EXPLAIN = _ACCESS.format(wrap="", unwrap="")
+
+# The owner ?1's capacity rows of its live pools with the sums of its guests' quota rows
+# (every offer holder's but its own), ranked by offered / allocatable, lent capacity on a
+# row with none allocatable first (9e999: infinity), then in pool and resource order; the
+# first ?2, aggregated over them in that order.
+_LENDING = """
+WITH lent AS (
+  SELECT c.pool_id, c.resource, c.total, c.allocatable, c.booked,
+    COALESCE(sum(q.max), 0) AS offered, COALESCE(sum(q.used), 0) AS guest_used
+  FROM pools p JOIN capacity_rows c ON c.pool_id = p.id
+  LEFT JOIN (quota_rows q JOIN offers o ON o.pool_id = q.pool_id AND o.tenant_id = q.tenant_id)
+    ON q.pool_id = c.pool_id AND q.resource = c.resource AND q.tenant_id <> ?1
+  WHERE p.tenant_id = ?1 AND NOT p.archived
+  GROUP BY c.pool_id, c.resource, c.total, c.allocatable, c.booked
+)
+SELECT {wrap}json_object('lending', (SELECT json_group_array(json_object(
+    'poolId', pool_id, 'resource', resource, 'total', total, 'allocatable', allocatable,
+    'booked', booked, 'available', allocatable - booked, 'offered', offered,
+    'guestUsed', guest_used, 'overcommit', overcommit))
+  FROM (SELECT *, CASE WHEN allocatable > 0 THEN CAST(offered AS REAL) / allocatable END
+          AS overcommit
+        FROM lent ORDER BY CASE WHEN allocatable > 0 THEN CAST(offered AS REAL) / allocatable
+          WHEN offered > 0 THEN 9e999 ELSE -1 END DESC, pool_id, resource LIMIT ?2))){unwrap}
+"""
+LENDING = _LENDING.format(wrap="json_object('data', ", unwrap=")")
+REST_LENDING = _LENDING.format(wrap="", unwrap="")
+
+SQLITE = Statements(
+    DASHBOARD_PAGE,
+    ONE_POOL,
+    REST_GET,
+    REST_LIST,
+    QUOTAS,
+    CAPACITY,
+    REST_CAPACITY,
+    ACCESS,
+    REST_EXPLAIN,
+    LENDING,
+    REST_LENDING,
+)
 # The service's reader engine keeps 4 connections (app/db/engine.py, `create_database`).
 CONNECTIONS = int(os.environ.get("BENCH_FLOOR_SQLITE_CONNECTIONS", "4"))
 

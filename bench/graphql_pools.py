@@ -1,6 +1,8 @@
 """Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST,
-REST's list, the tenant's quota rows, one pool's rollup by GraphQL and by REST) against a
-floor, driven by a native load generator (printed figures, docs/performance.md),
+REST's list, the tenant's quota rows, one pool's rollup by GraphQL and by REST, why the
+tenant may read a pool by GraphQL `access` and REST `pools/explain`, the owner's ranked
+capacity rows by GraphQL `lending` and REST `pools/lending`) against a floor, driven by a
+native load generator (printed figures, docs/performance.md),
 on PostgreSQL and on the embedded SQLite default, one table each.
 
     .venv/bin/python -m bench.graphql_pools                    # both, about 12 minutes
@@ -100,6 +102,23 @@ QUOTAS = """query Quotas($tenantId: String!) {
 CAPACITY = """query Capacity($tenantId: String!, $poolId: ID!) {
   capacity(tenantId: $tenantId, poolId: $poolId) { resource total allocatable booked available }
 }"""
+# Every value of `access`, in REST `pools/explain`'s order (one floor statement for both).
+ACCESS = """query Access($tenantId: String!, $poolId: ID!, $permission: String!) {
+  access(tenantId: $tenantId, poolId: $poolId, permission: $permission) {
+    allowed permission
+    binding { callerId tenantId role where actingFor fleetAdmin }
+    grant { via tenantId includeDescendants priority offeredAt }
+    deniedBy { check message key }
+  }
+}"""
+EXPLAINED = "compute:pools:read"  # the permission `access` and `explain` are asked about
+# The owner's ranked capacity rows (its `first` 50: the default), in REST's order.
+LENDING = """query Lending($tenantId: String!) {
+  lending(tenantId: $tenantId) {
+    poolId resource total allocatable booked available offered guestUsed overcommit
+  }
+}"""
+OWNER = "provider"  # owns every pool; `lending` runs as its admin
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,8 @@ QUICK = Plan(
 class Seeded:
     tokens: dict[int, str]  # pools visible -> a viewer token of that tenant
     first_pool: str
+    callers: dict[int, str]  # pools visible -> that viewer's caller id (`access` shows it)
+    owner_token: str  # an admin of the pools' owner (compute:pools:share: `lending`)
 
 
 def tenant_of(size: int) -> str:
@@ -210,11 +231,12 @@ async def seed(url: str) -> Seeded:
                 await conn.execute(insert(model), rows[model][start : start + 2000])
         # Fresh tables: give the planner its statistics, as autovacuum would soon.
         await conn.exec_driver_sql("ANALYZE")
-    tokens = {}
+    tokens, callers = {}, {}
     for size in SIZES:
-        _, tokens[size] = await create_caller(db, tenant_of(size), "viewer")
+        callers[size], tokens[size] = await create_caller(db, tenant_of(size), "viewer")
+    _, owner_token = await create_caller(db, OWNER, "admin")
     await db.dispose()
-    return Seeded(tokens, pools[0])
+    return Seeded(tokens, pools[0], callers, owner_token)
 
 
 # --- processes ----------------------------------------------------------------------
@@ -553,6 +575,20 @@ async def one_pool_cases(
     capacity_floor = floor_request("/capacity", tenant=tenant, pool=pool)
     rest_capacity = rest_request(token, "capacity", {"tenantId": tenant, "poolId": pool})
     rest_capacity_floor = floor_request("/rest/pools/capacity", tenant=tenant, pool=pool)
+    explained = {"tenantId": tenant, "poolId": pool, "permission": EXPLAINED}
+    caller = {"caller": seeded.callers[ONE_POOL_TENANT], "role": "viewer"}
+    access = graphql_request(token, ACCESS, explained)
+    access_floor = floor_request(
+        "/access", tenant=tenant, pool=pool, permission=EXPLAINED, **caller
+    )
+    explain = rest_request(token, "explain", explained)
+    explain_floor = floor_request(
+        "/rest/pools/explain", tenant=tenant, pool=pool, permission=EXPLAINED, **caller
+    )
+    lending = graphql_request(seeded.owner_token, LENDING, {"tenantId": OWNER})
+    lending_floor = floor_request("/lending", tenant=OWNER, first="50")
+    rest_lending = rest_request(seeded.owner_token, "lending", {"tenantId": OWNER})
+    rest_lending_floor = floor_request("/rest/pools/lending", tenant=OWNER, first="50")
     for ours, theirs, key in (
         (small, small_floor, "data"),
         (rest, rest_floor, "pool"),
@@ -560,6 +596,10 @@ async def one_pool_cases(
         (quotas, quotas_floor, "data"),
         (capacity, capacity_floor, "data"),
         (rest_capacity, rest_capacity_floor, "capacity"),
+        (access, access_floor, "data"),
+        (explain, explain_floor, "access"),
+        (lending, lending_floor, "data"),
+        (rest_lending, rest_lending_floor, "lending"),
     ):
         answer, floor_answer = await send(service, ours), await send(floor, theirs)
         if answer.get(key) is None or not same_data(answer[key], floor_answer.get(key)):
@@ -582,6 +622,20 @@ async def one_pool_cases(
         Case("one pool's rollup (GraphQL capacity)", "graphql", [capacity], [capacity_floor]),
         Case(
             "one pool's rollup, REST pools/capacity", "rest", [rest_capacity], [rest_capacity_floor]
+        ),
+        Case("why it may read a pool (GraphQL access)", "graphql", [access], [access_floor]),
+        Case("why it may read a pool, REST pools/explain", "rest", [explain], [explain_floor]),
+        Case(
+            f"the owner's lending, GraphQL ({max(SIZES):,} pools)",
+            "graphql",
+            [lending],
+            [lending_floor],
+        ),
+        Case(
+            f"the owner's lending, REST pools/lending ({max(SIZES):,} pools)",
+            "rest",
+            [rest_lending],
+            [rest_lending_floor],
         ),
     ]
 

@@ -62,6 +62,7 @@ from app.capacity.fields import (
 from app.capacity.json_reads import CompiledRead
 from app.capacity.service import Capacity
 from app.capacity.shapes import (
+    AccessShape,
     CapacityShape,
     Constant,
     Field,
@@ -84,14 +85,16 @@ from schema.limits import cost_errors
 _VALUES: dict[str, dict[str, str]] = {kind: graphql_values(kind) for kind in ROW_TABLES}
 _RELATIONS: dict[str, dict[str, Relation]] = {kind: graphql_relations(kind) for kind in ROW_TABLES}
 _PAGE_INFO = {e.graphql: e.name for e in PAGE_INFO.entries if e.graphql is not None}
-# The root fields the plan covers: a page of pools, one pool, and lists of rows (the
-# tenant's quota rows, a pool's rollup, the owner's ranked capacity rows).
+# The root fields the plan covers: a page of pools, one pool, lists of rows (the
+# tenant's quota rows, a pool's rollup, the owner's ranked capacity rows), and why the
+# caller holds a permission on a pool (`access`).
 _ROOTS = {
     "pools": PageShape,
     "pool": PoolShape,
     "quotas": QuotasShape,
     "capacity": CapacityShape,
     "lending": LendingShape,
+    "access": AccessShape,
 }
 _PLANNED = (OperationType.QUERY, OperationType.MUTATION)
 # A plan keeps a shape per combination of the variables its directives read.
@@ -446,6 +449,8 @@ class CompiledReads:
             shape = CapacityShape(key, self._object(plan, "capacity", parent, below, variables))
         elif name == "lending":
             shape = LendingShape(key, self._object(plan, "lending", parent, below, variables))
+        elif name == "access":
+            shape = AccessShape(key, self._object(plan, "access", parent, below, variables))
         else:
             shape = PoolShape(key, self._pool(plan, parent, below, variables))
         return shape, tuple(root), field_def, nodes[0]
@@ -567,6 +572,9 @@ class CompiledReads:
             inner, below = self._below(plan, parent, nodes, variables)
             if relation.rows == "grant":
                 fields.append(Nested(key, "grant", _values(inner, below, _VALUES["grant"])))
+            elif relation.rows == "binding" or relation.rows == "denial":  # access's objects
+                inside = self._object(plan, relation.rows, inner, below, variables)
+                fields.append(Nested(key, relation.rows, inside))
             else:
                 inside = self._object(plan, relation.rows, inner, below, variables)
                 fields.append(Rows(key, relation.rows, inside))

@@ -132,6 +132,10 @@ async def test_the_quick_run_prints_every_row(
         "quota rows, GraphQL quotas (100 pools)",
         "one pool's rollup (GraphQL capacity)",
         "one pool's rollup, REST pools/capacity",
+        "why it may read a pool (GraphQL access)",
+        "why it may read a pool, REST pools/explain",
+        "the owner's lending, GraphQL (1,000 pools)",
+        "the owner's lending, REST pools/lending (1,000 pools)",
         "dashboard, 10 pools",
         "dashboard, 1,000 pools (10 pages of 100)",
     ):

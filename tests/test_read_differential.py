@@ -1,7 +1,7 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
-every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity` and
-`lending`, REST `pools/get`, `pools/list`, `pools/capacity` and `pools/lending`) answers
-exactly as the plain path answers it, on both dialects.
+every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity`,
+`lending` and `access`, REST `pools/get`, `pools/list`, `pools/capacity`, `pools/lending`
+and `pools/explain`) answers exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -40,13 +40,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
+from app.capacity.inputs import PoolPermission
 from app.capacity.service import Capacity
 from app.config import Settings
 from app.iam.callers import authenticate, rebind_caller, revoke_token
@@ -338,6 +339,11 @@ LENDER_FIELDS = ["offered", "guestUsed", "overcommit"]
 CAPACITY_FIELDS = CAPACITY.split() + LENDER_FIELDS
 QUOTA_FIELDS = ["resource", "max", "used", "poolId"]
 LENDING_FIELDS = ["poolId", *CAPACITY_FIELDS]
+# `access`: why the caller holds a permission on a pool.
+ACCESS_FIELDS = ["allowed", "permission", "__typename"]
+BINDING_FIELDS = ["callerId", "tenantId", "role", "where", "actingFor", "fleetAdmin"]
+DENIAL_FIELDS = ["check", "message", "key", "__typename"]
+PERMISSIONS: tuple[str, ...] = get_args(PoolPermission)
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
@@ -348,6 +354,20 @@ def _quota_selection(rng: random.Random) -> str:
     """Some values of a quota row, and its grant, mostly."""
     grant = f" grant {{ {_sample(rng, GRANT_FIELDS, 1)} }}" if rng.random() < 0.8 else ""
     return f"{_sample(rng, QUOTA_FIELDS, 1)}{grant}"
+
+
+def _access_selection(rng: random.Random) -> str:
+    """Some of `access`'s values, and mostly its binding, grant and denial."""
+    parts = [_sample(rng, ACCESS_FIELDS, 1)]
+    for name, names in (
+        ("binding", BINDING_FIELDS),
+        ("grant", GRANT_FIELDS),
+        ("deniedBy", DENIAL_FIELDS),
+    ):
+        if rng.random() < 0.8:
+            parts.append(f"{name} {{ {_sample(rng, names, 1)} }}")
+    rng.shuffle(parts)
+    return " ".join(parts)
 
 
 def _pool_selection(rng: random.Random, offers: bool) -> str:
@@ -375,6 +395,7 @@ class Queries:
     quotas: str  # quotas(tenantId, poolId?): every pool's rows, or one's
     capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
     lending: str  # lending(tenantId, first): the owner's ranked capacity rows
+    access: str  # access(tenantId, poolId, permission): why the caller may or may not
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -415,7 +436,13 @@ class Queries:
             "query Lending($t: String!, $first: Int) { lending(tenantId: $t, first: $first) {"
             f" {_sample(rng, LENDING_FIELDS, 1)} }} }}"
         )
-        return cls(page, nodes, offers, one, full, quotas, capacity, lending, generated(6, seed))
+        access = (
+            "query Access($t: String!, $p: ID!, $perm: String!) {"
+            " access(tenantId: $t, poolId: $p, permission: $perm) {"
+            f" {_access_selection(rng)} }} }}"
+        )
+        drawn = generated(6, seed)
+        return cls(page, nodes, offers, one, full, quotas, capacity, lending, access, drawn)
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -436,6 +463,22 @@ def _capacity(reader: Reader, body: Any, note: str) -> Call:
 
 def _lending(reader: Reader, body: Any, note: str) -> Call:
     return Call("rest lending", reader, "/api/compute/pools/lending", body, note)
+
+
+def _explain(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest explain", reader, "/api/compute/pools/explain", body, note)
+
+
+def _access_reads(
+    reader: Reader, queries: Queries, pool_id: str, permission: str, note: str
+) -> list[Call]:
+    """Why the reader may or may not use `permission` on the pool, on each surface."""
+    t = reader.tenant
+    variables = {"t": t, "p": pool_id, "perm": permission}
+    return [
+        _graphql("graphql access", reader, queries.access, variables, f"{note} {permission}"),
+        _explain(reader, {"tenantId": t, "poolId": pool_id, "permission": permission}, note),
+    ]
 
 
 def _lending_reads(reader: Reader, queries: Queries, first: int | None, note: str) -> list[Call]:
@@ -543,6 +586,10 @@ async def _read_as_every_reader(
                 await compare(
                     pair, log, _get(reader, {"tenantId": t, "poolId": pool_id}, note), report
                 )
+                # Why it may or may not use two permissions there.
+                for permission in rng.sample(PERMISSIONS, k=2):
+                    for call in _access_reads(reader, queries, pool_id, permission, note):
+                        await compare(pair, log, call, report)
             if rng.random() < 0.3:
                 call = _graphql(
                     "graphql pool", reader, queries.one, {"t": t, "p": "nope"}, "bad id"
@@ -581,6 +628,11 @@ async def _read_as_every_reader(
                 await compare(pair, log, _get(reader, body, note), report)
             body, note = rng.choice(bad)  # `capacity` takes `get`'s input
             await compare(pair, log, _capacity(reader, body, note), report)
+            # `explain`: odd input (`get`'s, so no permission), a permission it does not know.
+            body, note = rng.choice(bad)
+            await compare(pair, log, _explain(reader, body, note), report)
+            flying = {**valid, "permission": "compute:pools:fly"}
+            await compare(pair, log, _explain(reader, flying, "a bad permission"), report)
             # The owner's ranked capacity rows: all, a few, and odd input.
             odd_first = rng.choice([0, 101, -1])  # 101 and -1: INVALID_INPUT
             for first, note in (
@@ -615,6 +667,8 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
         *_one_pool_reads(reader, queries, pool_id, note),
         _list(reader, {"tenantId": t}, note),
         *_lending_reads(reader, queries, None, note),
+        # A narrowed binding's `where` check (its explanation is the plain path's).
+        *_access_reads(reader, queries, pool_id, "compute:pools:read", note),
     ]
 
 
@@ -693,6 +747,8 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest capacity",
         "graphql lending",
         "rest lending",
+        "graphql access",
+        "rest explain",
     )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
@@ -715,6 +771,11 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "graphql lending 200 ok",
         "rest lending 200 ok",
         "rest lending 400 INVALID_INPUT",
+        "graphql access 200 ok",
+        "graphql access 200 NOT_FOUND",
+        "rest explain 200 ok",
+        "rest explain 404 NOT_FOUND",
+        "rest explain 400 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
@@ -794,6 +855,7 @@ async def test_the_traces_name_the_same_spans(
             _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool"),
             _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
             *_lending_reads(reader, queries, 2, "a few"),
+            *_access_reads(reader, queries, pool, rng.choice(PERMISSIONS), "one"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)

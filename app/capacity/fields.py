@@ -141,7 +141,8 @@ class Relation:
     `many`.
 
     `rows`: the compiled builder's kind of rows for it (json_reads: which rows under which
-    rule), None with `uncompiled` saying why not. `order`: the order of a list's rows, the
+    rule; for one object, `many` False, the kind of that object), None with `uncompiled`
+    saying why not. `order`: the order of a list's rows, the
     one both reads sort by (reads.py's loaders per pool, json_reads' JsonArray).
     `rest_keeps`: the optional REST keys of the rows that REST shows here (a pool's own
     quota rows show their `grant`; an offer's rows do not)."""
@@ -152,7 +153,7 @@ class Relation:
     of: str
     many: bool = True
     nullable: bool = False
-    rows: RowsKind | Literal["grant"] | None = None
+    rows: RowsKind | Literal["grant", "binding", "denial"] | None = None
     uncompiled: str | None = None
     optional: str | None = None
     rest_keeps: tuple[str, ...] = ()
@@ -430,6 +431,80 @@ LENDING_ROW = Table(
     ),
 )
 
+# `access` (REST `pools/explain`): why the caller holds a permission on a pool. Decided in
+# Python by the rule the plain read decides it with (explain.explanation), over the facts
+# one statement reads (json_reads' access statement): its values are the statement's.
+_EXPLAINED = "the explanation, decided once the statement's facts are parsed (explain.py)"
+
+ACCESS = Table(
+    "Access",
+    "Access",
+    (
+        Value("allowed", "allowed", "allowed", "bool", column=STATEMENT),
+        Value("permission", "permission", "permission", "string", column=STATEMENT),
+        Relation("binding", "binding", "binding", "AccessBinding", many=False, rows="binding"),
+        Relation(
+            "grant",
+            "grant",
+            "grant",
+            "Grant",
+            many=False,
+            nullable=True,
+            rows="grant",
+            rest_keeps=("via",),
+        ),
+        Relation(
+            "denied_by",
+            "deniedBy",
+            "deniedBy",
+            "AccessDenial",
+            many=False,
+            nullable=True,
+            rows="denial",
+            rest_keeps=("key",),
+        ),
+    ),
+)
+
+ACCESS_BINDING = Table(
+    "AccessBinding",
+    None,
+    (
+        Value("caller_id", "callerId", "callerId", "id", column=STATEMENT),
+        Value("tenant_id", "tenantId", "tenantId", "string", column=STATEMENT),
+        Value("role", "role", "role", "string", column=STATEMENT),
+        Value("where", "where", "where", "labels", column=STATEMENT),
+        Value("acting_for", "actingFor", "actingFor", "string", column=STATEMENT),
+        Value("fleet_admin", "fleetAdmin", "fleetAdmin", "bool", column=STATEMENT),
+    ),
+)
+
+ACCESS_DENIAL = Table(
+    "AccessDenial",
+    None,
+    (
+        Value(
+            "check",
+            "check",
+            "check",
+            "string",
+            column=STATEMENT,
+            values=("owner", "role", "where"),
+        ),
+        Value("message", "message", "message", "string", column=STATEMENT),
+        Value(
+            "key",
+            "key",
+            "key",
+            "string",
+            True,
+            column=STATEMENT,
+            optional="the binding condition of a `where` denial; absent otherwise",
+            rest_nullable=False,
+        ),
+    ),
+)
+
 OFFER = Table(
     "Offer",
     "Offer",
@@ -483,7 +558,20 @@ PAGE_INFO = Table(
 )
 
 TABLES: dict[str, Table] = {
-    t.graphql: t for t in (POOL, QUOTA, GRANT, CAPACITY, LENDING_ROW, OFFER, RESERVATION, PAGE_INFO)
+    t.graphql: t
+    for t in (
+        POOL,
+        QUOTA,
+        GRANT,
+        CAPACITY,
+        LENDING_ROW,
+        OFFER,
+        RESERVATION,
+        PAGE_INFO,
+        ACCESS,
+        ACCESS_BINDING,
+        ACCESS_DENIAL,
+    )
 }
 
 # The compiled builder's kinds of objects (json_reads), each with its table: a pool, and
@@ -494,6 +582,7 @@ for _table in tuple(TABLES.values()):
         if isinstance(_entry, Relation) and _entry.rows is not None:
             ROW_TABLES[_entry.rows] = TABLES[_entry.of]
 ROW_TABLES["lending"] = LENDING_ROW  # a root's rows, no relation's
+ROW_TABLES["access"] = ACCESS  # a root's object, no relation's
 
 
 def graphql_values(kind: str) -> dict[str, str]:

@@ -38,6 +38,7 @@ from sqlalchemy import (
     Select,
     String,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -51,10 +52,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
-from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
+from app.capacity.fields import ACTING_TENANT, ROW_TABLES, IsoTimestamp, Relation, Value
 from app.capacity.inputs import (
     MAX_AMOUNT,
     CapacityInput,
+    ExplainAccessInput,
     GetPoolInput,
     LendingInput,
     ListPoolsInput,
@@ -89,6 +91,7 @@ from app.capacity.read_rules import (
     token_live,
 )
 from app.capacity.shapes import (
+    AccessShape,
     CapacityShape,
     Constant,
     Field,
@@ -347,6 +350,12 @@ class CompiledRead:
         return isinstance(self.shape, LendingShape)
 
     @property
+    def access(self) -> bool:
+        """Why the caller holds a permission on one pool (`access`): the statement reads
+        the facts, explain.explanation decides once they are parsed."""
+        return isinstance(self.shape, AccessShape)
+
+    @property
     def every(self) -> bool:
         """Every pool the tenant sees, unpaged (REST's `list`)."""
         return isinstance(self.shape, ListShape)
@@ -393,6 +402,7 @@ def compile_read(
         dialect == "sqlite"
         and not cursors
         and not lending
+        and not isinstance(shape, AccessShape)
         and not needs & {"policy", "lender"}
         and not any(isinstance(f, Read) and f.value in _NOT_VERBATIM for f in _all(shape.fields))
     )
@@ -425,6 +435,7 @@ _INPUTS: dict[type, type[MethodInput]] = {
     QuotasShape: ListQuotasInput,
     CapacityShape: CapacityInput,
     LendingShape: LendingInput,
+    AccessShape: ExplainAccessInput,
 }
 
 
@@ -436,6 +447,8 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
         return _capacity_statement(shape, pairs)
     if isinstance(shape, LendingShape):
         return _lending_statement(shape, pairs)
+    if isinstance(shape, AccessShape):
+        return _access_statement(shape, pairs)
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
@@ -622,6 +635,46 @@ def _capacity_statement(
     rows = JsonArray(item, _ROW_SOURCES["capacity"](target), _ROW_ORDER["capacity"])
     pairs.append((shape.key, rows))
     return select(cast(_object(pairs), Text)).select_from(target).where(token_live(_TOKEN, _ROLE))
+
+
+# --- why the caller holds a permission on one pool (`access`) ---------------------------
+
+
+def _access_statement(
+    shape: AccessShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """The facts `access` is decided on, for one pool as `get` finds it (NULL when not
+    visible, for the plain read's NOT_FOUND): its owner, the tenant whose authz row grants
+    it (read_rules.nearest_grants), that row's attributes and that tenant's offer of the
+    pool. explain.explained decides the answer once they are parsed, by the rule the
+    plain read decides it with; the answer is then rendered by the shape (view_json)."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    target = _granted(lineage, AuthzRow.pool_id == _POOL_ID).cte("target")
+    authz, offer = AuthzRow.__table__.c, Offer.__table__.c
+    terms = json_object(
+        [
+            ("d", JsonBool(offer.include_descendants)),
+            ("p", offer.priority),
+            ("at", IsoTimestamp(offer.created_at)),
+        ]
+    )
+    facts = json_object(
+        [
+            ("owner", target.c.tenant_id),
+            ("grant", target.c.grant_tenant),
+            ("gpuModel", authz.gpu_model),
+            ("class", authz.pool_class),
+            ("sharing", authz.sharing),
+            ("region", authz.region),
+            ("owned", JsonBool(authz.owned)),
+            ("offer", JsonNested(case((offer.tenant_id.is_not(None), terms)))),
+        ]
+    )
+    granting = and_(authz.pool_id == target.c.id, authz.tenant_id == target.c.grant_tenant)
+    held = and_(offer.pool_id == target.c.id, offer.tenant_id == target.c.grant_tenant)
+    rows = target.join(AuthzRow.__table__, granting).outerjoin(Offer.__table__, held)
+    pairs.append((shape.key, facts))
+    return select(cast(_object(pairs), Text)).select_from(rows).where(token_live(_TOKEN, _ROLE))
 
 
 def _all(fields: tuple[Field, ...]) -> list[Field]:

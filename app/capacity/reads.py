@@ -138,9 +138,15 @@ def nearest_grant(actor: Actor, rows: Iterable[_Row]) -> _Row | None:
 
 
 def grant_for(actor: Actor, tenant_id: str, attributes: PoolAttributes) -> Grant:
-    """The grant of a pool through `tenant_id`'s row: `owned` only for the owner acting
-    for itself (an ancestor's row says its own tenant owns the pool, not the actor)."""
-    if attributes.owned and tenant_id != actor.tenant_id:
+    """The grant of a pool through `tenant_id`'s row (`granted_as`)."""
+    return granted_as(actor.tenant_id, tenant_id, attributes)
+
+
+def granted_as(acting_tenant: str, tenant_id: str, attributes: PoolAttributes) -> Grant:
+    """The grant of a pool to `acting_tenant` through `tenant_id`'s row: `owned` only for
+    the owner acting for itself (an ancestor's row says its own tenant owns the pool, not
+    the actor)."""
+    if attributes.owned and tenant_id != acting_tenant:
         attributes = dataclasses.replace(attributes, owned=False)
     return Grant(tenant_id=tenant_id, attributes=attributes)
 

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +31,7 @@ from app.capacity import (
 )
 from app.capacity.event_reads import EventPoolReads
 from app.capacity.event_visibility import PoolEventFilter, PoolEventVisibility
+from app.capacity.fields import ACCESS
 from app.capacity.inputs import (
     ArchivePoolInput,
     CapacityInput,
@@ -52,7 +54,8 @@ from app.capacity.inputs import (
 from app.capacity.json_sql import DIALECTS
 from app.capacity.node_ids import PoolOffer, parse_node_id
 from app.capacity.paging import Page, PageRequest, pools_page_request
-from app.capacity.shapes import Constant, Shape
+from app.capacity.shapes import AccessShape, Constant, Shape
+from app.capacity.view_json import view_json
 from app.capacity.views import (
     DETAIL_PARTS,
     AccessExplanation,
@@ -285,9 +288,10 @@ class Capacity:
         self, shape: Shape, root: tuple[Constant, ...] = ()
     ) -> json_reads.CompiledRead | None:
         """`list` (a PageShape: a page; a ListShape: every pool), `get` (a PoolShape),
-        `quotas` (a QuotasShape), `capacity` (a CapacityShape) or `lending` (a
-        LendingShape) as one statement for this store's dialect that answers in JSON,
-        with `root`'s constants beside it; None when no statement builds it."""
+        `quotas` (a QuotasShape), `capacity` (a CapacityShape), `lending` (a
+        LendingShape) or `access` (an AccessShape: its facts) as one statement for this
+        store's dialect that answers in JSON, with `root`'s constants beside it; None when
+        no statement builds it."""
         return json_reads.compile_read(shape, root, dialect=self.db.dialect)
 
     async def read_json(
@@ -310,8 +314,14 @@ class Capacity:
             return None
         arguments: dict[str, object]
         first: int | None = None  # `lending`'s: kept once ranked
+        asked: ExplainAccessInput | None = None  # `access`'s: decided once parsed
         try:
-            if read.lending:
+            if read.access:
+                explain_input = parse_input(read.input, args)
+                assert isinstance(explain_input, ExplainAccessInput)
+                asked = explain_input
+                tenant_id, arguments = asked.tenant_id, {"pool_id": asked.pool_id}
+            elif read.lending:
                 lent = parse_input(read.input, args)
                 assert isinstance(lent, LendingInput)
                 tenant_id, arguments, first = lent.tenant_id, {}, lent.first
@@ -353,6 +363,8 @@ class Capacity:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc
             raise
+        if text is not None and asked is not None:
+            return _explained(principal, asked, read, text)
         return None if text is None else json_reads.answer(text, read, first)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
@@ -468,6 +480,20 @@ class Capacity:
         return await pool_events.open_pool_events(
             self._relay, self.db, self.events.bindings, principal, inp
         )
+
+
+def _explained(
+    principal: Principal, asked: ExplainAccessInput, read: json_reads.CompiledRead, text: str
+) -> dict[str, Any]:
+    """`access`'s compiled answer: the statement's facts decided by the plain read's rule
+    (explain.explained) and rendered by the shape (view_json), as REST's plain answer is."""
+    data: dict[str, Any] = orjson.loads(text)
+    shape = read.shape
+    assert isinstance(shape, AccessShape)
+    view = explain.explained(principal, asked, data[shape.key])
+    absent = shape.optional_keys_absent
+    data[shape.key] = view_json(view, shape.fields, ACCESS, optional_absent=absent)
+    return data
 
 
 async def _check_caller(uow: UnitOfWork) -> None:

@@ -23,7 +23,7 @@ Value = str
 # The kinds of rows the compiled builder reads (json_reads: which rows, in which order,
 # under which rule), and the object a quota row nests.
 RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas"]
-NestedKind = Literal["page_info", "nodes", "edges", "node", "grant"]
+NestedKind = Literal["page_info", "nodes", "edges", "node", "grant", "binding", "denial"]
 
 # A stored value and what the transport shows for it (an enum's names, say).
 Mapping = tuple[tuple[str, str], ...]
@@ -63,8 +63,9 @@ class Rows:
 
 @dataclass(frozen=True, slots=True)
 class Nested:
-    """An object: the page's `page_info`, `nodes` or `edges`, an edge's `node`, or a
-    quota row's `grant` (the offer that gives the row; null if it has ended)."""
+    """An object: the page's `page_info`, `nodes` or `edges`, an edge's `node`, a
+    quota row's `grant` (the offer that gives the row; null if it has ended), or an
+    access explanation's `binding`, `grant` or `denial`."""
 
     key: str
     kind: NestedKind
@@ -127,4 +128,16 @@ class LendingShape:
     fields: tuple[Field, ...]
 
 
-Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape
+@dataclass(frozen=True, slots=True)
+class AccessShape:
+    """Why the caller holds a permission on one pool (the `access` read, REST's
+    `pools/explain`), under `key`: the facts read by one statement, decided in Python by
+    the plain read's rule (explain.explanation). With `optional_keys_absent` (REST), an
+    optional value that is null is left out (a denial's `key`)."""
+
+    key: str
+    fields: tuple[Field, ...]
+    optional_keys_absent: bool = False
+
+
+Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape | AccessShape

@@ -7,6 +7,7 @@ from operator import attrgetter
 from typing import Any
 
 from app.capacity.fields import (
+    ACCESS,
     CAPACITY,
     GRANT,
     LENDING_ROW,
@@ -23,6 +24,7 @@ from app.capacity.fields import (
 )
 from app.capacity.paging import Page
 from app.capacity.shapes import (
+    AccessShape,
     CapacityShape,
     LendingShape,
     ListShape,
@@ -32,6 +34,7 @@ from app.capacity.shapes import (
     Rows,
 )
 from app.capacity.shapes import Field as ShapeField
+from app.capacity.view_json import view_json
 from app.capacity.views import (
     AccessExplanation,
     CapacityView,
@@ -98,7 +101,6 @@ own_quota_json = _renderer(QUOTA, POOL.relation("quotas").rest_keeps)
 """A row the viewing tenant books against, with the offer that gives it."""
 offer_json = _renderer(OFFER)
 grant_json = _renderer(GRANT)
-_access_grant_json = _renderer(GRANT, ("via",))  # `access` says how the grant is held
 reservation_json = _renderer(RESERVATION)
 _capacity_json = _renderer(CAPACITY)
 _LENDER_KEYS = tuple(e.name for e in CAPACITY.entries if e.optional)
@@ -132,6 +134,8 @@ def _shape(table: Table, keeps: tuple[str, ...] = ()) -> tuple[ShapeField, ...]:
         inside = _shape(TABLES[entry.of], entry.rest_keeps)
         if entry.rows == "grant":
             fields.append(Nested(key, "grant", inside))
+        elif entry.rows == "binding" or entry.rows == "denial":
+            fields.append(Nested(key, entry.rows, inside))
         else:
             # A list its caller may not read shows null on REST (`offers`).
             if entry.nullable:
@@ -152,26 +156,14 @@ LIST_SHAPE = ListShape("pools", GET_SHAPE.fields)
 # `lending`'s answer, {"lending": [lending_json(...), ...]}, ranked once parsed.
 LENDING_SHAPE = LendingShape("lending", _shape(LENDING_ROW))
 CAPACITY_SHAPE = CapacityShape("capacity", _shape(CAPACITY, _LENDER_KEYS), lender_keys_absent=True)
+# `explain`'s answer, {"access": access_json(...)}: the grant says `via`, a denial its
+# binding condition `key` (left out when there is none).
+ACCESS_SHAPE = AccessShape("access", _shape(ACCESS), optional_keys_absent=True)
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:
-    b, d = a.binding, a.denied_by
-    return {
-        "allowed": a.allowed,
-        "permission": a.permission,
-        "binding": {
-            "callerId": b.caller_id,
-            "tenantId": b.tenant_id,
-            "role": b.role,
-            "where": b.where,
-            "actingFor": b.acting_for,
-            "fleetAdmin": b.fleet_admin,
-        },
-        "grant": None if a.grant is None else _access_grant_json(a.grant),
-        "deniedBy": None
-        if d is None
-        else {"check": d.check, "message": d.message, **({"key": d.key} if d.key else {})},
-    }
+    """`explain`'s answer, on the plain path and the compiled one alike (view_json)."""
+    return view_json(a, ACCESS_SHAPE.fields, ACCESS, optional_absent=True)
 
 
 def impact_json(i: ImpactView) -> dict[str, Any]:
