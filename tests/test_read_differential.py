@@ -1,7 +1,7 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
 every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity` and
-`lending`, REST `pools/get`, `pools/list`, `pools/capacity` and `pools/lending`) answers
-exactly as the plain path answers it, on both dialects.
+`lending`, REST `pools/get`, `pools/list`, `pools/capacity`, `pools/lending` and
+`reservations/list`) answers exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -449,6 +449,10 @@ def _lending_reads(reader: Reader, queries: Queries, first: int | None, note: st
     ]
 
 
+def _reservations(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest reservations", reader, "/api/compute/reservations/list", body, note)
+
+
 def _node_ids(answer: Answer) -> list[str]:
     data = (answer.json() or {}).get("data") or {}
     pools = data.get("pools") or {}
@@ -605,6 +609,21 @@ async def _read_as_every_reader(
             ]
             body, note = rng.choice(odd_list)
             await compare(pair, log, _list(reader, body, note), report)
+            # REST reservations: every pool's, each target pool's (seen, hidden, archived,
+            # missing), then bodies the plain path refuses.
+            await compare(pair, log, _reservations(reader, {"tenantId": t}, "all"), report)
+            for note, pool_id in targets.items():
+                body = {"tenantId": t, "poolId": pool_id}
+                await compare(pair, log, _reservations(reader, body, note), report)
+            odd_rsv: list[tuple[Any, str]] = [
+                ({"tenantId": t, "poolId": "x"}, "a bad poolId"),
+                ({"tenantId": t, **rng.choice(UNKNOWN_FIELDS)}, "an unknown field"),
+                ({"tenantId": rng.choice(sorted(world.tenants))}, "another tenant"),
+                ({}, "no tenantId"),
+                (b"[]", "a list"),
+            ]
+            for body, note in rng.sample(odd_rsv, k=2):
+                await compare(pair, log, _reservations(reader, body, note), report)
         await _late_changes(pair, world, rng, queries, log, report)
 
 
@@ -615,6 +634,8 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
         *_one_pool_reads(reader, queries, pool_id, note),
         _list(reader, {"tenantId": t}, note),
         *_lending_reads(reader, queries, None, note),
+        _reservations(reader, {"tenantId": t}, note),
+        _reservations(reader, {"tenantId": t, "poolId": pool_id}, note),
     ]
 
 
@@ -693,6 +714,7 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest capacity",
         "graphql lending",
         "rest lending",
+        "rest reservations",
     )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
@@ -715,6 +737,9 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "graphql lending 200 ok",
         "rest lending 200 ok",
         "rest lending 400 INVALID_INPUT",
+        "rest reservations 200 ok",
+        "rest reservations 404 NOT_FOUND",
+        "rest reservations 400 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
@@ -794,6 +819,8 @@ async def test_the_traces_name_the_same_spans(
             _graphql("graphql quotas", reader, queries.quotas, {"t": t}, "every pool"),
             _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
             *_lending_reads(reader, queries, 2, "a few"),
+            _reservations(reader, {"tenantId": t}, "all"),
+            _reservations(reader, {"tenantId": t, "poolId": pool}, "one"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)

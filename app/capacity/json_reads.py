@@ -51,7 +51,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
-from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
+from app.capacity.fields import ACTING_TENANT, POOL, ROW_TABLES, Relation, Value
 from app.capacity.inputs import (
     MAX_AMOUNT,
     CapacityInput,
@@ -59,6 +59,7 @@ from app.capacity.inputs import (
     LendingInput,
     ListPoolsInput,
     ListQuotasInput,
+    ListReservationsInput,
     MethodInput,
 )
 from app.capacity.json_sql import (
@@ -83,6 +84,7 @@ from app.capacity.read_rules import (
     lineage_cte,
     nearest_grants,
     offers_shown,
+    own_reservations,
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
@@ -99,15 +101,16 @@ from app.capacity.shapes import (
     PoolShape,
     QuotasShape,
     Read,
+    ReservationsShape,
     Rows,
     Shape,
 )
 from app.capacity.views import CapacityView, LendingRowView, guest_sums, overcommit
 from app.db.direct import traced
 from app.db.engine import Database
-from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE
+from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE, RESERVATIONS_READ
 from app.metrics import statement_sent
 
 # json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
@@ -151,6 +154,8 @@ _ROW_ORDER: dict[str, tuple[ColumnElement[Any], ...]] = {
     for e in table.entries
     if isinstance(e, Relation) and e.rows not in (None, "grant")
 }
+# A tenant's reservations (REST's list of them), in the order of a pool's page of them.
+_ROW_ORDER["reservations"] = POOL.relation("reservations").order
 
 
 def _over(expr: ColumnElement[Any], row: CTE) -> ColumnElement[Any]:
@@ -199,7 +204,7 @@ def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
     """A value as JSON of its kind: a boolean as true/false, a JSON column nested."""
     if entry.kind == "bool":
         return JsonBool(expr)
-    if entry.kind in ("json", "labels"):
+    if entry.kind in ("json", "labels", "amounts"):
         return JsonNested(expr)
     return expr
 
@@ -331,6 +336,8 @@ class CompiledRead:
     verbatim: bool = False
     shows_lender: bool = False  # summed once parsed (`readable`)
     needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
+    # Decided with compute:reservations:read (REST `reservations/list`).
+    reads_reservations: bool = False
 
     @property
     def page(self) -> bool:
@@ -345,6 +352,11 @@ class CompiledRead:
     def lending(self) -> bool:
         """The owner's ranked capacity rows (`lending`): at most `first`, once ranked."""
         return isinstance(self.shape, LendingShape)
+
+    @property
+    def reservations(self) -> bool:
+        """The tenant's reservations (REST `reservations/list`): every pool's, or one's."""
+        return isinstance(self.shape, ReservationsShape)
 
     @property
     def every(self) -> bool:
@@ -406,6 +418,7 @@ def compile_read(
         verbatim,
         "lender" in needs,
         lending,
+        isinstance(shape, ReservationsShape),
     )
 
 
@@ -425,6 +438,7 @@ _INPUTS: dict[type, type[MethodInput]] = {
     QuotasShape: ListQuotasInput,
     CapacityShape: CapacityInput,
     LendingShape: LendingInput,
+    ReservationsShape: ListReservationsInput,
 }
 
 
@@ -436,6 +450,8 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
         return _capacity_statement(shape, pairs)
     if isinstance(shape, LendingShape):
         return _lending_statement(shape, pairs)
+    if isinstance(shape, ReservationsShape):
+        return _reservations_statement(shape, pairs)
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
@@ -624,6 +640,30 @@ def _capacity_statement(
     return select(cast(_object(pairs), Text)).select_from(target).where(token_live(_TOKEN, _ROLE))
 
 
+# --- the tenant's reservations (REST `reservations/list`) -------------------------------
+
+
+def _reservations_statement(
+    shape: ReservationsShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """The tenant's own reservations (read_rules.own_reservations), in every pool or in
+    one (`pool_id`: the pool as `get` finds it, NULL when the tenant does not see it, for
+    the plain read's NOT_FOUND), in the table of fields' order."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    target = _granted(lineage, AuthzRow.pool_id == _POOL_ID).cte("target")
+    table = Reservation.__table__
+    rows = rows_from(table).where(
+        own_reservations(_TENANT), or_(_POOL_ID.is_(None), table.c.pool_id == _POOL_ID)
+    )
+    item = _fields("reservations", shape.fields, target)
+    pairs.append((shape.key, JsonArray(item, rows, _ROW_ORDER["reservations"])))
+    return select(cast(_object(pairs), Text)).where(
+        token_live(_TOKEN, _ROLE),
+        exists(select(lineage.c.id)),
+        or_(_POOL_ID.is_(None), exists(select(target.c.id))),
+    )
+
+
 def _all(fields: tuple[Field, ...]) -> list[Field]:
     """Every field, nested ones too."""
     found: list[Field] = []
@@ -722,6 +762,8 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
     if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
         return False
     if read.needs_share and not principal.has(POOLS_SHARE):
+        return False
+    if read.reads_reservations and not principal.has(RESERVATIONS_READ):
         return False
     return not read.reads_capacity or principal.has(CAPACITY_READ)
 

@@ -17,6 +17,10 @@ are all built from these objects; none of the rules is written again as SQL text
   `quotas_with_offers`: the rows joined with it; `guest_quotas`: the rows an owner lent;
 - `offers_shown`: offers are shown to the pool's owner with compute:pools:share only;
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
+- `own_reservations`: the reservations a tenant lists (its own, in any pool), in the
+  table of fields' order (`RESERVATION_ORDER`), keyset-paged after an id
+  (`reservations_after`), and `ranked_reservations`: the same, each with its rank in its
+  pool (a page per pool: GraphQL's `Pool.reservations`);
 - each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
 """
 
@@ -41,8 +45,18 @@ from sqlalchemy import (
     true,
 )
 
+from app.capacity.fields import RESERVATION_ORDER
 from app.capacity.json_sql import JsonIsEmptyObject, rows_from
-from app.db.models import ApiToken, AuthzRow, Offer, Pool, QuotaRow, RoleBinding, Tenant
+from app.db.models import (
+    ApiToken,
+    AuthzRow,
+    Offer,
+    Pool,
+    QuotaRow,
+    Reservation,
+    RoleBinding,
+    Tenant,
+)
 
 
 def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE:
@@ -183,4 +197,37 @@ def token_live(token: ColumnElement[str], role: ColumnElement[str]) -> Any:
         RoleBinding.caller_id == ApiToken.caller_id,
         RoleBinding.role == role,
         JsonIsEmptyObject(RoleBinding.conditions),
+    )
+
+
+def own_reservations(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
+    """The reservations a tenant lists: its own, in whatever pool they book (a reservation
+    outlives the offer that let it book); in `RESERVATION_ORDER`. Which pools' a caller
+    with a narrowed binding reads is decided on each pool (reservations.list_reservations);
+    the compiled reads answer unnarrowed callers only."""
+    return Reservation.tenant_id == tenant_id
+
+
+def reservations_after(after: str | ColumnElement[str] | None) -> ColumnElement[bool]:
+    """A keyset page's rows: after the id a cursor names (paging.decode_cursor), or all
+    (`after` None, or a NULL parameter)."""
+    if after is None:
+        return true()
+    if isinstance(after, str):
+        return Reservation.id > after
+    return or_(after.is_(None), Reservation.id > after)
+
+
+def ranked_reservations(
+    tenant_id: str | ColumnElement[str],
+    after: str | ColumnElement[str] | None,
+    *where: ColumnElement[bool],
+) -> Select[Any]:
+    """`own_reservations` after `after` (of the rows matching `where`: some pools), each
+    with `rank`, its place in its pool's list (1 first, `RESERVATION_ORDER`): a page of
+    `first` per pool is the ranks up to `first`, and one rank more says a next page."""
+    table = Reservation.__table__
+    rank = func.row_number().over(partition_by=table.c.pool_id, order_by=RESERVATION_ORDER)
+    return select(table, rank.label("rank")).where(
+        own_reservations(tenant_id), reservations_after(after), *where
     )

@@ -311,7 +311,11 @@ class Capacity:
         arguments: dict[str, object]
         first: int | None = None  # `lending`'s: kept once ranked
         try:
-            if read.lending:
+            if read.reservations:
+                listed_rsv = parse_input(read.input, args)
+                assert isinstance(listed_rsv, ListReservationsInput)
+                tenant_id, arguments = listed_rsv.tenant_id, {"pool_id": listed_rsv.pool_id}
+            elif read.lending:
                 lent = parse_input(read.input, args)
                 assert isinstance(lent, LendingInput)
                 tenant_id, arguments, first = lent.tenant_id, {}, lent.first

@@ -127,4 +127,21 @@ class LendingShape:
     fields: tuple[Field, ...]
 
 
-Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape
+@dataclass(frozen=True, slots=True)
+class ReservationsShape:
+    """The tenant's own reservations, in every pool or in one it sees (REST's
+    `reservations/list`), in id order, as one list under `key`."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+Shape = (
+    PageShape
+    | PoolShape
+    | ListShape
+    | QuotasShape
+    | CapacityShape
+    | LendingShape
+    | ReservationsShape
+)

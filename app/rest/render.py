@@ -29,6 +29,7 @@ from app.capacity.shapes import (
     Nested,
     PoolShape,
     Read,
+    ReservationsShape,
     Rows,
 )
 from app.capacity.shapes import Field as ShapeField
@@ -152,6 +153,8 @@ LIST_SHAPE = ListShape("pools", GET_SHAPE.fields)
 # `lending`'s answer, {"lending": [lending_json(...), ...]}, ranked once parsed.
 LENDING_SHAPE = LendingShape("lending", _shape(LENDING_ROW))
 CAPACITY_SHAPE = CapacityShape("capacity", _shape(CAPACITY, _LENDER_KEYS), lender_keys_absent=True)
+# `reservations/list`'s answer, {"reservations": [reservation_json(...), ...]}.
+RESERVATIONS_SHAPE = ReservationsShape("reservations", _shape(RESERVATION))
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:

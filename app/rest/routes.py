@@ -41,7 +41,14 @@ from app.iam.principal import Principal
 from app.metrics import COMPILED_READS
 from app.rest.errors import error_response
 from app.rest.openapi import openapi_document
-from app.rest.render import CAPACITY_SHAPE, GET_SHAPE, LENDING_SHAPE, LIST_SHAPE, render
+from app.rest.render import (
+    CAPACITY_SHAPE,
+    GET_SHAPE,
+    LENDING_SHAPE,
+    LIST_SHAPE,
+    RESERVATIONS_SHAPE,
+    render,
+)
 
 log = logging.getLogger(__name__)
 # The reads one compiled statement may answer (app/capacity/json_reads.py), by path.
@@ -50,14 +57,15 @@ COMPILED_SHAPES: dict[str, Shape] = {
     "/api/compute/pools/list": LIST_SHAPE,
     "/api/compute/pools/capacity": CAPACITY_SHAPE,
     "/api/compute/pools/lending": LENDING_SHAPE,
+    "/api/compute/reservations/list": RESERVATIONS_SHAPE,
 }
 POOL_WRITES = (CREATE_POOL, OFFER_POOL, UNOFFER_POOL, UPDATE_POOL, ARCHIVE_POOL, LABEL_POOL)
 
 
 def _endpoint(method: Method) -> Any:
-    # `get`, `list`, `capacity` and `lending` may be answered by one compiled statement
-    # that also checks the token, so a caller this process has seen is not looked up
-    # first (app/http/admission.py).
+    # `get`, `list`, `capacity`, `lending` and `reservations/list` may be answered by one
+    # compiled statement that also checks the token, so a caller this process has seen is
+    # not looked up first (app/http/admission.py).
     shape = COMPILED_SHAPES.get(method.path)
     compiled: dict[str, CompiledRead | None] = {}  # per dialect, built on first use
     # A booking or release may be one statement that checks the token too
