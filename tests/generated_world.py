@@ -227,6 +227,8 @@ async def build_world(
                 "sharing": sharing,
                 "ownerQuota": _owner_quota(rng, sharing),
             }
+            if sharing == "mig" and rng.random() < 0.7:  # its rollup then has gpu.mig
+                body["policy"] = {"migLayout": ["3g.40gb", "2g.20gb"]}
             model = rng.choice(GPU_MODELS)
             if model is not None:
                 body["gpuModel"] = model

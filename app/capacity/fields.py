@@ -298,7 +298,7 @@ POOL = Table(
             None,
             "ReservationConnection",
             many=False,
-            uncompiled="a paged connection with its own arguments (first, after)",
+            rows="reservations",  # a page per pool (json_reads._paged)
             order=RESERVATION_ORDER,
         ),
         Value("created_at", "createdAt", "createdAt", "timestamp", column=_c(Pool, "created_at")),
@@ -503,10 +503,11 @@ TABLES: dict[str, Table] = {
 ROW_TABLES: dict[str, Table] = {"pool": POOL}
 for _table in tuple(TABLES.values()):
     for _entry in _table.entries:
-        if isinstance(_entry, Relation) and _entry.rows is not None:
+        if isinstance(_entry, Relation) and _entry.rows is not None and _entry.of in TABLES:
             ROW_TABLES[_entry.rows] = TABLES[_entry.of]
 ROW_TABLES["lending"] = LENDING_ROW  # a root's rows, no relation's
-ROW_TABLES["reservations"] = RESERVATION  # REST `reservations/list`'s rows
+# A connection's nodes (`Pool.reservations`), and REST `reservations/list`'s rows.
+ROW_TABLES["reservations"] = RESERVATION
 
 
 def graphql_values(kind: str) -> dict[str, str]:

@@ -51,7 +51,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
-from app.capacity.fields import ACTING_TENANT, POOL, ROW_TABLES, Relation, Value
+from app.capacity.fields import ACTING_TENANT, ROW_TABLES, Relation, Value
 from app.capacity.inputs import (
     MAX_AMOUNT,
     CapacityInput,
@@ -67,6 +67,7 @@ from app.capacity.json_sql import (
     JsonArray,
     JsonBool,
     JsonCursor,
+    JsonEntries,
     JsonNested,
     JsonObject,
     Statement,
@@ -88,6 +89,8 @@ from app.capacity.read_rules import (
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
+    reservation_rank,
+    reservations_after,
     token_live,
 )
 from app.capacity.shapes import (
@@ -97,6 +100,7 @@ from app.capacity.shapes import (
     LendingShape,
     ListShape,
     Nested,
+    Paged,
     PageShape,
     PoolShape,
     QuotasShape,
@@ -154,8 +158,6 @@ _ROW_ORDER: dict[str, tuple[ColumnElement[Any], ...]] = {
     for e in table.entries
     if isinstance(e, Relation) and e.rows not in (None, "grant")
 }
-# A tenant's reservations (REST's list of them), in the order of a pool's page of them.
-_ROW_ORDER["reservations"] = POOL.relation("reservations").order
 
 
 def _over(expr: ColumnElement[Any], row: CTE) -> ColumnElement[Any]:
@@ -257,6 +259,10 @@ def _fields(kind: str, fields: tuple[Field, ...], row: CTE) -> JsonObject:
             pairs.append((f.key, JsonNested(case((Offer.tenant_id.is_not(None), grant)))))
         elif isinstance(f, Nested) and f.kind == "grant" and kind == "offer_quotas":
             pairs.append((f.key, null()))  # an offer's rows: the offer says it
+        elif isinstance(f, Paged) and kind == "pool":
+            pairs.append((f.key, _paged(f, row)))
+        elif isinstance(f, Nested) and f.kind == "amounts" and kind == "reservations":
+            pairs.append((f.key, _amounts(f.fields)))
         else:
             raise Unsupported(f"{f.key} here")
     return _object(pairs)
@@ -336,8 +342,10 @@ class CompiledRead:
     verbatim: bool = False
     shows_lender: bool = False  # summed once parsed (`readable`)
     needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
-    # Decided with compute:reservations:read (REST `reservations/list`).
+    # Decided with compute:reservations:read (REST `reservations/list`, a pool's page).
     reads_reservations: bool = False
+    # Holds a pool's page of reservations (`Paged`), its arguments beside the root's.
+    pages: bool = False
 
     @property
     def page(self) -> bool:
@@ -401,6 +409,7 @@ def compile_read(
     # The statement's cursors: encoded in it (JsonCursor), or once parsed.
     cursors = "cursor" in needs and dialect not in ENCODES_CURSORS
     lending = isinstance(shape, LendingShape)
+    pages = any(isinstance(f, Paged) for f in _all(shape.fields))
     verbatim = (
         dialect == "sqlite"
         and not cursors
@@ -418,7 +427,8 @@ def compile_read(
         verbatim,
         "lender" in needs,
         lending,
-        isinstance(shape, ReservationsShape),
+        isinstance(shape, ReservationsShape) or pages,
+        pages,
     )
 
 
@@ -664,12 +674,83 @@ def _reservations_statement(
     )
 
 
+# --- a pool's page of the tenant's reservations (GraphQL `Pool.reservations`) -----------
+
+
+def _amounts(fields: tuple[Field, ...]) -> ColumnElement[Any]:
+    """A reservation's `resources` as GraphQL's list of ResourceAmount, in the stored
+    object's order (the plain read's: reads.reservation_view keeps it)."""
+    pairs: list[tuple[str, str]] = []
+    for f in fields:
+        if isinstance(f, Read) and f.value in ("resource", "amount") and f.mapping is None:
+            pairs.append((f.key, "key" if f.value == "resource" else "value"))
+        elif isinstance(f, Constant):
+            pairs.append((f.key, f.value))
+        else:
+            raise Unsupported(f"{f.key} on an amount")
+    return JsonEntries(Reservation.__table__.c.resources, pairs)
+
+
+def _paged(field: Paged, row: CTE) -> JsonObject:
+    """Pool `row`'s page of the acting tenant's reservations: those after `after` whose
+    read_rules.reservation_rank is at most `first` (the field's own parameters), and one
+    rank more for hasNextPage, as the plain read's reservations_pages pages them."""
+    first = bindparam(f"{field.param}_first", type_=Integer)
+    after = bindparam(f"{field.param}_after", type_=String)
+    table = Reservation.__table__
+    mine = (own_reservations(_TENANT), reservations_after(after), table.c.pool_id == row.c.id)
+    rank = reservation_rank(after)
+    shown = rows_from(table).where(*mine, rank <= first)
+    order = _ROW_ORDER["reservations"]
+    ids = select(table.c.id).where(*mine, rank <= first)
+    info_values: dict[str, ColumnElement[Any]] = {
+        "has_next_page": JsonBool(exists(select(table.c.id).where(*mine, rank > first))),
+        "has_previous_page": JsonBool(after.is_not(None)),
+        "start_cursor": JsonCursor(ids.order_by(*order).limit(_ONE).scalar_subquery()),
+        "end_cursor": JsonCursor(
+            ids.order_by(*(c.desc() for c in order)).limit(_ONE).scalar_subquery()
+        ),
+    }
+    pairs: list[tuple[str, ColumnElement[Any]]] = []
+    for f in field.fields:
+        if isinstance(f, Constant):
+            pairs.append((f.key, sql_literal(f.value)))
+        elif isinstance(f, Nested) and f.kind == "page_info":
+            info: list[tuple[str, ColumnElement[Any]]] = []
+            for g in f.fields:
+                if isinstance(g, Read) and g.value in info_values and g.mapping is None:
+                    info.append((g.key, info_values[g.value]))
+                elif isinstance(g, Constant):
+                    info.append((g.key, sql_literal(g.value)))
+                else:
+                    raise Unsupported(f"{g.key} on pageInfo")
+            pairs.append((f.key, _object(info)))
+        elif isinstance(f, Nested) and f.kind == "nodes":
+            item = _fields("reservations", f.fields, row)
+            pairs.append((f.key, JsonArray(item, shown, order)))
+        elif isinstance(f, Nested) and f.kind == "edges":
+            edge: list[tuple[str, ColumnElement[Any]]] = []
+            for g in f.fields:
+                if isinstance(g, Read) and g.value == "cursor":
+                    edge.append((g.key, JsonCursor(table.c.id)))
+                elif isinstance(g, Nested) and g.kind == "node":
+                    edge.append((g.key, _fields("reservations", g.fields, row)))
+                elif isinstance(g, Constant):
+                    edge.append((g.key, sql_literal(g.value)))
+                else:
+                    raise Unsupported(f"{g.key} on an edge")
+            pairs.append((f.key, JsonArray(_object(edge), shown, order)))
+        else:
+            raise Unsupported(f"{f.key} on a page of reservations")
+    return _object(pairs)
+
+
 def _all(fields: tuple[Field, ...]) -> list[Field]:
     """Every field, nested ones too."""
     found: list[Field] = []
     for f in fields:
         found.append(f)
-        if isinstance(f, Rows | Nested):
+        if isinstance(f, Rows | Nested | Paged):
             found += _all(f.fields)
     return found
 
@@ -747,7 +828,9 @@ def _finish(
                 value[f.key] = encode_cursor(value[f.key])
         elif lender and isinstance(f, Read) and f.value in _LENT:
             _lender_value(value, f, absent)
-        elif (isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor", "lender"}) or (
+        elif (
+            isinstance(f, Nested | Paged) and _needs(f.fields) & {"policy", "cursor", "lender"}
+        ) or (
             lender and isinstance(f, Rows) and f.kind == "capacity"  # a pool's rollup
         ):
             _finish(value[f.key], f.fields, cursors, lender)

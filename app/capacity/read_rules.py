@@ -19,8 +19,8 @@ are all built from these objects; none of the rules is written again as SQL text
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
 - `own_reservations`: the reservations a tenant lists (its own, in any pool), in the
   table of fields' order (`RESERVATION_ORDER`), keyset-paged after an id
-  (`reservations_after`), and `ranked_reservations`: the same, each with its rank in its
-  pool (a page per pool: GraphQL's `Pool.reservations`);
+  (`reservations_after`), and `reservation_rank`: a reservation's place in its pool's
+  list (a page per pool: GraphQL's `Pool.reservations`);
 - each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
 """
 
@@ -208,26 +208,31 @@ def own_reservations(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]
     return Reservation.tenant_id == tenant_id
 
 
-def reservations_after(after: str | ColumnElement[str] | None) -> ColumnElement[bool]:
+def reservations_after(
+    after: str | ColumnElement[str] | None, id_: ColumnElement[str] | None = None
+) -> ColumnElement[bool]:
     """A keyset page's rows: after the id a cursor names (paging.decode_cursor), or all
-    (`after` None, or a NULL parameter)."""
+    (`after` None, or a NULL parameter); `id_`: the reservations' id column (an alias's)."""
+    column = Reservation.__table__.c.id if id_ is None else id_
     if after is None:
         return true()
     if isinstance(after, str):
-        return Reservation.id > after
-    return or_(after.is_(None), Reservation.id > after)
+        return column > after
+    return or_(after.is_(None), column > after)
 
 
-def ranked_reservations(
-    tenant_id: str | ColumnElement[str],
-    after: str | ColumnElement[str] | None,
-    *where: ColumnElement[bool],
-) -> Select[Any]:
-    """`own_reservations` after `after` (of the rows matching `where`: some pools), each
-    with `rank`, its place in its pool's list (1 first, `RESERVATION_ORDER`): a page of
-    `first` per pool is the ranks up to `first`, and one rank more says a next page."""
+def reservation_rank(after: str | ColumnElement[str] | None) -> ColumnElement[int]:
+    """A reservation's place in its pool's list of its tenant's `own_reservations` after
+    `after` (1 first, in `RESERVATION_ORDER`, the id): one more than those before it. A
+    page of `first` per pool is the ranks up to `first`; one rank more says a next page.
+    Correlated to the reservations' table of the statement it is used in."""
     table = Reservation.__table__
-    rank = func.row_number().over(partition_by=table.c.pool_id, order_by=RESERVATION_ORDER)
-    return select(table, rank.label("rank")).where(
-        own_reservations(tenant_id), reservations_after(after), *where
-    )
+    earlier = table.alias("earlier")
+    (order,) = RESERVATION_ORDER  # the id: the rank counts the ids before it
+    assert order.key == "id"
+    return select(func.count()).select_from(earlier).where(
+        earlier.c.tenant_id == table.c.tenant_id,
+        earlier.c.pool_id == table.c.pool_id,
+        earlier.c.id < table.c.id,
+        reservations_after(after, earlier.c.id),
+    ).scalar_subquery() + literal_column("1", Integer)

@@ -23,7 +23,7 @@ from app.capacity.read_rules import (
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
-    ranked_reservations,
+    reservation_rank,
     reservations_after,
 )
 from app.capacity.views import (
@@ -448,15 +448,20 @@ async def reservations_pages(
     limit: int,
 ) -> dict[str, list[ReservationView]]:
     """The tenant's reservations in each pool, id order, at most `limit` per pool after
-    `after`: one statement for any number of pools (read_rules.ranked_reservations, the
+    `after`: one statement for any number of pools (read_rules.reservation_rank, the
     compiled `Pool.reservations`' rule too)."""
     if not pool_ids:
         return {}
-    ranked = ranked_reservations(tenant_id, after, Reservation.pool_id.in_(pool_ids)).subquery()
+    table = Reservation.__table__
     rows = await executor.execute(
-        select(ranked)
-        .where(ranked.c.rank <= limit)
-        .order_by(ranked.c.pool_id, *(ranked.c[str(c.key)] for c in RESERVATION_ORDER))
+        select(table)
+        .where(
+            own_reservations(tenant_id),
+            reservations_after(after),
+            table.c.pool_id.in_(pool_ids),
+            reservation_rank(after) <= limit,
+        )
+        .order_by(table.c.pool_id, *RESERVATION_ORDER)
     )
     found: dict[str, list[ReservationView]] = defaultdict(list)
     for r in rows:

@@ -22,8 +22,8 @@ Value = str
 
 # The kinds of rows the compiled builder reads (json_reads: which rows, in which order,
 # under which rule), and the object a quota row nests.
-RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas"]
-NestedKind = Literal["page_info", "nodes", "edges", "node", "grant"]
+RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas", "reservations"]
+NestedKind = Literal["page_info", "nodes", "edges", "node", "grant", "amounts"]
 
 # A stored value and what the transport shows for it (an enum's names, say).
 Mapping = tuple[tuple[str, str], ...]
@@ -63,15 +63,29 @@ class Rows:
 
 @dataclass(frozen=True, slots=True)
 class Nested:
-    """An object: the page's `page_info`, `nodes` or `edges`, an edge's `node`, or a
-    quota row's `grant` (the offer that gives the row; null if it has ended)."""
+    """An object: the page's `page_info`, `nodes` or `edges`, an edge's `node`, a
+    quota row's `grant` (the offer that gives the row; null if it has ended), or a
+    reservation's `amounts` (GraphQL's list of ResourceAmount: `resource`, `amount`)."""
 
     key: str
     kind: NestedKind
     fields: tuple[Field, ...]
 
 
-Field = Constant | Read | Rows | Nested
+@dataclass(frozen=True, slots=True)
+class Paged:
+    """A pool's page of the acting tenant's own reservations (GraphQL's
+    `Pool.reservations`): a connection whose `fields` are `nodes`, `edges` and
+    `page_info` as a page of pools has them, paged by its own arguments, bound per
+    request as the statement's parameters `<param>_first` and `<param>_after`."""
+
+    key: str
+    kind: Literal["reservations"]
+    fields: tuple[Field, ...]
+    param: str
+
+
+Field = Constant | Read | Rows | Nested | Paged
 
 
 @dataclass(frozen=True, slots=True)
