@@ -1,7 +1,8 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
 every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity` and
-`lending`, REST `pools/get`, `pools/list`, `pools/capacity`, `pools/lending` and
-`reservations/list`) answers exactly as the plain path answers it, on both dialects.
+`lending`, and `Pool.reservations`; REST `pools/get`, `pools/list`, `pools/capacity`,
+`pools/lending` and `reservations/list`) answers exactly as the plain path answers it, on
+both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -338,6 +339,16 @@ LENDER_FIELDS = ["offered", "guestUsed", "overcommit"]
 CAPACITY_FIELDS = CAPACITY.split() + LENDER_FIELDS
 QUOTA_FIELDS = ["resource", "max", "used", "poolId"]
 LENDING_FIELDS = ["poolId", *CAPACITY_FIELDS]
+RESERVATION_FIELDS = [
+    "id",
+    "poolId",
+    "tenantId",
+    "state",
+    "createdAt",
+    "endedAt",
+    "__typename",
+    "resources { resource amount }",
+]
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
@@ -375,6 +386,7 @@ class Queries:
     quotas: str  # quotas(tenantId, poolId?): every pool's rows, or one's
     capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
     lending: str  # lending(tenantId, first): the owner's ranked capacity rows
+    reservations: str  # pool(id) { reservations(first, after) }: walked by its cursors
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -415,7 +427,25 @@ class Queries:
             "query Lending($t: String!, $first: Int) { lending(tenantId: $t, first: $first) {"
             f" {_sample(rng, LENDING_FIELDS, 1)} }} }}"
         )
-        return cls(page, nodes, offers, one, full, quotas, capacity, lending, generated(6, seed))
+        node = _sample(rng, RESERVATION_FIELDS, 1)
+        reservations = (
+            "query Reservations($t: String!, $p: ID!, $first: Int, $after: String) {"
+            " pool(tenantId: $t, poolId: $p) { id reservations(first: $first, after: $after) {"
+            " pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
+            f" edges {{ cursor node {{ {node} }} }} nodes {{ id }} }} }} }}"
+        )
+        return cls(
+            page,
+            nodes,
+            offers,
+            one,
+            full,
+            quotas,
+            capacity,
+            lending,
+            reservations,
+            generated(6, seed),
+        )
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -624,6 +654,27 @@ async def _read_as_every_reader(
             ]
             for body, note in rng.sample(odd_rsv, k=2):
                 await compare(pair, log, _reservations(reader, body, note), report)
+            # GraphQL: a pool's reservations walked by their cursors, then odd paging.
+            for note in ("visible", rng.choice(others)):
+                first_rsv, after_rsv = rng.choice((1, 2)), None
+                for _ in range(max_pages):
+                    variables = {"t": t, "p": targets[note], "first": first_rsv}
+                    variables["after"] = after_rsv
+                    call = _graphql(
+                        "graphql reservations", reader, queries.reservations, variables, note
+                    )
+                    answer = await compare(pair, log, call, report)
+                    pool_data = ((answer.json() or {}).get("data") or {}).get("pool") or {}
+                    info = (pool_data.get("reservations") or {}).get("pageInfo") or {}
+                    if not info.get("hasNextPage"):
+                        break
+                    after_rsv = info.get("endCursor")
+            odd_page = rng.choice(
+                [{"first": 101}, {"first": 0}, {"first": 1, "after": "bm90LWEtY3Vyc29y"}, {}]
+            )
+            variables = {"t": t, "p": targets["visible"], **odd_page}
+            call = _graphql("graphql reservations", reader, queries.reservations, variables, "odd")
+            await compare(pair, log, call, report)
         await _late_changes(pair, world, rng, queries, log, report)
 
 
@@ -715,6 +766,7 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "graphql lending",
         "rest lending",
         "rest reservations",
+        "graphql reservations",
     )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
@@ -740,6 +792,8 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest reservations 200 ok",
         "rest reservations 404 NOT_FOUND",
         "rest reservations 400 INVALID_INPUT",
+        "graphql reservations 200 ok",
+        "graphql reservations 200 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
