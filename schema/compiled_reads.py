@@ -60,7 +60,7 @@ from app.capacity.fields import (
     graphql_values,
 )
 from app.capacity.json_reads import CompiledRead
-from app.capacity.service import Capacity
+from app.capacity.service import PAGED, Capacity
 from app.capacity.shapes import (
     AccessShape,
     CapacityShape,
@@ -68,6 +68,7 @@ from app.capacity.shapes import (
     Field,
     LendingShape,
     Nested,
+    Paged,
     PageShape,
     PoolShape,
     QuotasShape,
@@ -220,6 +221,9 @@ class CompiledReads:
         self.max_bytes = max_bytes
         self._plans: OrderedDict[tuple[str, str | None], Plan | None] = OrderedDict()
         self._sizes: dict[tuple[str, str | None], int] = {}
+        # The nested pages' arguments found while a shape is built (`_reservations`):
+        # planning is synchronous, one shape at a time.
+        self._paged: list[_Argument] = []
         self.bytes = 0  # what the plans hold, as `held` measures it: never over max_bytes
 
     def __len__(self) -> int:
@@ -406,12 +410,14 @@ class CompiledReads:
     # --- planning ----------------------------------------------------------------------
 
     def _build(self, plan: Plan, variables: VariableValues, capacity: Capacity) -> Built | None:
+        self._paged = []
         try:
             shape, root, field_def, node = self._shape(plan, variables)
         except Unplanned:
             return None
         read = capacity.compile_read(shape, root)
-        return None if read is None else Built(read, _arguments(field_def, node))
+        arguments = (*_arguments(field_def, node), *self._paged)
+        return None if read is None else Built(read, arguments)
 
     def _shape(
         self, plan: Plan, variables: VariableValues
@@ -569,6 +575,9 @@ class CompiledReads:
             if relation is None or relation.rows is None:
                 fields.extend(_values(parent, {key: nodes}, _VALUES[kind]))
                 continue
+            if relation.rows == "reservations":
+                fields.append(self._reservations(plan, key, parent, nodes, variables))
+                continue
             inner, below = self._below(plan, parent, nodes, variables)
             if relation.rows == "grant":
                 fields.append(Nested(key, "grant", _values(inner, below, _VALUES["grant"])))
@@ -579,6 +588,83 @@ class CompiledReads:
                 inside = self._object(plan, relation.rows, inner, below, variables)
                 fields.append(Rows(key, relation.rows, inside))
         return tuple(fields)
+
+    def _reservations(
+        self,
+        plan: Plan,
+        key: str,
+        parent: GraphQLObjectType,
+        nodes: list[FieldNode],
+        variables: VariableValues,
+    ) -> Paged:
+        """A pool's `reservations` connection, its `first` and `after` (literals or
+        variables, as the root's) bound per request as `#<param>:first`/`:after`."""
+        field_def = parent.fields[nodes[0].name.value]
+        given = [tuple((a.name.value, a.value) for a in n.arguments or ()) for n in nodes]
+        if any(g != given[0] for g in given):
+            raise Unplanned("one response key, several arguments")  # validation refuses it
+        param = f"rsv{len(self._paged) // 2}"
+        found = {
+            name: (variable, value) for name, variable, value in _arguments(field_def, nodes[0])
+        }
+        for name in ("first", "after"):
+            variable, value = found.get(name, (None, None))
+            self._paged.append((f"{PAGED}{param}:{name}", variable, value))
+        inner = get_named_type(field_def.type)
+        assert isinstance(inner, GraphQLObjectType)
+        below = self._collect(plan, [n.selection_set for n in nodes if n.selection_set], variables)
+        fields: list[Field] = []
+        for name_key, found_nodes in below.items():
+            name = found_nodes[0].name.value
+            if name == "__typename":
+                fields.append(Constant(name_key, inner.name))
+                continue
+            if name not in ("nodes", "edges", "pageInfo"):
+                raise Unplanned(name)
+            kind, selected = self._below(plan, inner, found_nodes, variables)
+            if name == "nodes":
+                fields.append(
+                    Nested(name_key, "nodes", self._reservation(plan, kind, selected, variables))
+                )
+            elif name == "pageInfo":
+                fields.append(Nested(name_key, "page_info", _values(kind, selected, _PAGE_INFO)))
+            else:
+                edge: list[Field] = []
+                for edge_key, edge_nodes in selected.items():
+                    edge_name = edge_nodes[0].name.value
+                    if edge_name == "__typename":
+                        edge.append(Constant(edge_key, kind.name))
+                    elif edge_name == "cursor":
+                        edge.append(Read(edge_key, "cursor"))
+                    elif edge_name == "node":
+                        node_type, node_selected = self._below(plan, kind, edge_nodes, variables)
+                        node = self._reservation(plan, node_type, node_selected, variables)
+                        edge.append(Nested(edge_key, "node", node))
+                    else:
+                        raise Unplanned(edge_name)
+                fields.append(Nested(name_key, "edges", tuple(edge)))
+        return Paged(key, "reservations", tuple(fields), param)
+
+    def _reservation(
+        self,
+        plan: Plan,
+        parent: GraphQLObjectType,
+        selected: dict[str, list[FieldNode]],
+        variables: VariableValues,
+    ) -> tuple[Field, ...]:
+        """A reservation's values; its `resources` a list of ResourceAmount."""
+        fields: list[Field] = []
+        for key, nodes in selected.items():
+            if nodes[0].name.value != "resources":
+                fields.extend(_values(parent, {key: nodes}, _VALUES["reservations"]))
+                continue
+            inner, below = self._below(plan, parent, nodes, variables)
+            fields.append(Nested(key, "amounts", _values(inner, below, _AMOUNT)))
+        return tuple(fields)
+
+
+# A ResourceAmount's fields: an entry of the stored {resource: amount} (json_reads._amounts).
+_AMOUNT = {"resource": "resource", "amount": "amount"}
 
 
 def _values(

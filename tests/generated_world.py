@@ -10,7 +10,8 @@ differential test (tests/test_read_differential.py) compares the two read paths 
   labels and display names;
 - capacity rows (nodes joined to most pools), offers to other tenants (any lineage) with
   and without includeDescendants and with priorities, the owner's own offer with
-  includeDescendants (its subtree sees the pool), reservations that book quota rows;
+  includeDescendants (its subtree sees the pool), reservations that book quota rows (one
+  to three per booking tenant and pool, some of two resources, some released);
 - archived pools, among them always one that its owner had offered to its own subtree
   and to a guest (so the archived filter is what hides it from the owner's children);
 - readers: callers of every role (viewer and operator: no compute:pools:share), narrowed
@@ -226,6 +227,8 @@ async def build_world(
                 "sharing": sharing,
                 "ownerQuota": _owner_quota(rng, sharing),
             }
+            if sharing == "mig" and rng.random() < 0.7:  # its rollup then has gpu.mig
+                body["policy"] = {"migLayout": ["3g.40gb", "2g.20gb"]}
             model = rng.choice(GPU_MODELS)
             if model is not None:
                 body["gpuModel"] = model
@@ -282,7 +285,9 @@ async def build_world(
                     )
                     pool.offered_to[guest] = descendants
 
-    # Reservations: guests (and owners) book a GPU where they hold quota and nodes exist.
+    # Reservations: guests (and owners) book where they hold quota and nodes exist, one
+    # to three each (a page of them per pool), some of two resources (the stored
+    # object's order is shown), some released (ended, with endedAt).
     bookers: dict[str, str] = {}
     for pool in world.pools:
         if pool.nodes == 0 or rng.random() < 0.4:
@@ -290,13 +295,25 @@ async def build_world(
         tenant = rng.choice([pool.owner, *pool.offered_to])
         if tenant not in bookers:
             bookers[tenant] = await fleet.caller(tenant, "operator")
-        booked = await writer.call(
-            bookers[tenant],
-            "reservations/create",
-            {"tenantId": tenant, "poolId": pool.id, "resources": {"gpu": 1}},
-            may_refuse=("RESOURCE_EXHAUSTED", "INVALID_STATE", "NOT_FOUND"),
-        )
-        world.reservations += booked is not None
+        for _ in range(rng.randint(1, 3)):
+            resources = {"gpu": 1}
+            if pool.sharing == "mig" and rng.random() < 0.7:  # its rollup has both
+                pair = [("gpu", 1), ("gpu.mig", rng.randint(1, 3))]
+                rng.shuffle(pair)
+                resources = dict(pair)
+            booked = await writer.call(
+                bookers[tenant],
+                "reservations/create",
+                {"tenantId": tenant, "poolId": pool.id, "resources": resources},
+                may_refuse=("RESOURCE_EXHAUSTED", "INVALID_STATE", "NOT_FOUND"),
+            )
+            world.reservations += booked is not None
+            if booked is not None and rng.random() < 0.3:
+                await writer.call(
+                    bookers[tenant],
+                    "reservations/release",
+                    {"tenantId": tenant, "reservationId": booked["reservation"]["id"]},
+                )
 
     # Archived: the forced pool, and maybe one more of each owner (no reservation held).
     for o, owner in enumerate(owners):

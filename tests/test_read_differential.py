@@ -1,7 +1,8 @@
 """The plain path is the reference: over data generated per run (tests/generated_world.py),
 every read the compiled path may answer (GraphQL `pools`, `pool`, `quotas`, `capacity`,
-`lending` and `access`, REST `pools/get`, `pools/list`, `pools/capacity`, `pools/lending`
-and `pools/explain`) answers exactly as the plain path answers it, on both dialects.
+`lending` and `access`, and `Pool.reservations`; REST `pools/get`, `pools/list`,
+`pools/capacity`, `pools/lending`, `pools/explain` and `reservations/list`) answers
+exactly as the plain path answers it, on both dialects.
 
 Two services share one database: `fast`, with the compiled reads on
 (BETTERCOMPUTE_COMPILED_READS), and `plain`, with every fast mechanism off
@@ -344,6 +345,16 @@ ACCESS_FIELDS = ["allowed", "permission", "__typename"]
 BINDING_FIELDS = ["callerId", "tenantId", "role", "where", "actingFor", "fleetAdmin"]
 DENIAL_FIELDS = ["check", "message", "key", "__typename"]
 PERMISSIONS: tuple[str, ...] = get_args(PoolPermission)
+RESERVATION_FIELDS = [
+    "id",
+    "poolId",
+    "tenantId",
+    "state",
+    "createdAt",
+    "endedAt",
+    "__typename",
+    "resources { resource amount }",
+]
 
 
 def _sample(rng: random.Random, names: list[str], least: int) -> str:
@@ -396,6 +407,7 @@ class Queries:
     capacity: str  # capacity(tenantId, poolId): one pool's rollup, lender's values too
     lending: str  # lending(tenantId, first): the owner's ranked capacity rows
     access: str  # access(tenantId, poolId, permission): why the caller may or may not
+    reservations: str  # pool(id) { reservations(first, after) }: walked by its cursors
     drawn: list[tuple[str, dict[str, Any]]]  # tests/graphql/test_compiled_parity.generated
 
     @classmethod
@@ -441,8 +453,26 @@ class Queries:
             " access(tenantId: $t, poolId: $p, permission: $perm) {"
             f" {_access_selection(rng)} }} }}"
         )
-        drawn = generated(6, seed)
-        return cls(page, nodes, offers, one, full, quotas, capacity, lending, access, drawn)
+        node = _sample(rng, RESERVATION_FIELDS, 1)
+        reservations = (
+            "query Reservations($t: String!, $p: ID!, $first: Int, $after: String) {"
+            " pool(tenantId: $t, poolId: $p) { id reservations(first: $first, after: $after) {"
+            " pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
+            f" edges {{ cursor node {{ {node} }} }} nodes {{ id }} }} }} }}"
+        )
+        return cls(
+            page,
+            nodes,
+            offers,
+            one,
+            full,
+            quotas,
+            capacity,
+            lending,
+            access,
+            reservations,
+            generated(6, seed),
+        )
 
 
 def _graphql(kind: str, reader: Reader, query: str, variables: dict[str, Any], note: str) -> Call:
@@ -490,6 +520,10 @@ def _lending_reads(reader: Reader, queries: Queries, first: int | None, note: st
         _graphql("graphql lending", reader, queries.lending, variables, note),
         _lending(reader, body, note),
     ]
+
+
+def _reservations(reader: Reader, body: Any, note: str) -> Call:
+    return Call("rest reservations", reader, "/api/compute/reservations/list", body, note)
 
 
 def _node_ids(answer: Answer) -> list[str]:
@@ -657,6 +691,42 @@ async def _read_as_every_reader(
             ]
             body, note = rng.choice(odd_list)
             await compare(pair, log, _list(reader, body, note), report)
+            # REST reservations: every pool's, each target pool's (seen, hidden, archived,
+            # missing), then bodies the plain path refuses.
+            await compare(pair, log, _reservations(reader, {"tenantId": t}, "all"), report)
+            for note, pool_id in targets.items():
+                body = {"tenantId": t, "poolId": pool_id}
+                await compare(pair, log, _reservations(reader, body, note), report)
+            odd_rsv: list[tuple[Any, str]] = [
+                ({"tenantId": t, "poolId": "x"}, "a bad poolId"),
+                ({"tenantId": t, **rng.choice(UNKNOWN_FIELDS)}, "an unknown field"),
+                ({"tenantId": rng.choice(sorted(world.tenants))}, "another tenant"),
+                ({}, "no tenantId"),
+                (b"[]", "a list"),
+            ]
+            for body, note in rng.sample(odd_rsv, k=2):
+                await compare(pair, log, _reservations(reader, body, note), report)
+            # GraphQL: a pool's reservations walked by their cursors, then odd paging.
+            for note in ("visible", rng.choice(others)):
+                first_rsv, after_rsv = rng.choice((1, 2)), None
+                for _ in range(max_pages):
+                    variables = {"t": t, "p": targets[note], "first": first_rsv}
+                    variables["after"] = after_rsv
+                    call = _graphql(
+                        "graphql reservations", reader, queries.reservations, variables, note
+                    )
+                    answer = await compare(pair, log, call, report)
+                    pool_data = ((answer.json() or {}).get("data") or {}).get("pool") or {}
+                    info = (pool_data.get("reservations") or {}).get("pageInfo") or {}
+                    if not info.get("hasNextPage"):
+                        break
+                    after_rsv = info.get("endCursor")
+            odd_page = rng.choice(
+                [{"first": 101}, {"first": 0}, {"first": 1, "after": "bm90LWEtY3Vyc29y"}, {}]
+            )
+            variables = {"t": t, "p": targets["visible"], **odd_page}
+            call = _graphql("graphql reservations", reader, queries.reservations, variables, "odd")
+            await compare(pair, log, call, report)
         await _late_changes(pair, world, rng, queries, log, report)
 
 
@@ -669,6 +739,8 @@ def _reads_of(reader: Reader, queries: Queries, pool_id: str, note: str) -> list
         *_lending_reads(reader, queries, None, note),
         # A narrowed binding's `where` check (its explanation is the plain path's).
         *_access_reads(reader, queries, pool_id, "compute:pools:read", note),
+        _reservations(reader, {"tenantId": t}, note),
+        _reservations(reader, {"tenantId": t, "poolId": pool_id}, note),
     ]
 
 
@@ -749,6 +821,8 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest lending",
         "graphql access",
         "rest explain",
+        "rest reservations",
+        "graphql reservations",
     )
     if compiling:  # the compiled path answered every surface: the comparison could fail
         missing = [k for k in kinds if report.compiled[k] == 0]
@@ -776,6 +850,11 @@ async def test_the_read_paths_answer_alike_over_generated_data(
         "rest explain 200 ok",
         "rest explain 404 NOT_FOUND",
         "rest explain 400 INVALID_INPUT",
+        "rest reservations 200 ok",
+        "rest reservations 404 NOT_FOUND",
+        "rest reservations 400 INVALID_INPUT",
+        "graphql reservations 200 ok",
+        "graphql reservations 200 INVALID_INPUT",
     ):
         assert report.outcomes[outcome], (outcome, report.summary())
 
@@ -856,6 +935,8 @@ async def test_the_traces_name_the_same_spans(
             _graphql("graphql capacity", reader, queries.capacity, {"t": t, "p": pool}, "one"),
             *_lending_reads(reader, queries, 2, "a few"),
             *_access_reads(reader, queries, pool, rng.choice(PERMISSIONS), "one"),
+            _reservations(reader, {"tenantId": t}, "all"),
+            _reservations(reader, {"tenantId": t, "poolId": pool}, "one"),
         ]
     fast = await _traces(database_url, True, calls, spans)
     plain = await _traces(database_url, False, calls, spans)

@@ -33,7 +33,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from app.capacity.inputs import Agent, PoolClass, Sharing
 from app.capacity.json_sql import per_dialect
 from app.capacity.shapes import RowsKind
-from app.db.models import CapacityRow, Offer, Pool, QuotaRow
+from app.db.models import CapacityRow, Offer, Pool, QuotaRow, Reservation
 
 # --- how values render ------------------------------------------------------------------
 
@@ -203,6 +203,9 @@ def _c(model: Any, key: str) -> ColumnElement[Any]:
 
 # A pool's quota rows, and an offer's, come in resource order.
 QUOTA_ORDER = (_c(QuotaRow, "resource"),)
+# A tenant's reservations come in id (creation) order, on every read of them (REST
+# `reservations/list`, GraphQL `Pool.reservations`), paged by that id (read_rules).
+RESERVATION_ORDER = (_c(Reservation, "id"),)
 
 POOL = Table(
     "Pool",
@@ -296,7 +299,8 @@ POOL = Table(
             None,
             "ReservationConnection",
             many=False,
-            uncompiled="a paged connection with its own arguments (first, after)",
+            rows="reservations",  # a page per pool (json_reads._paged)
+            order=RESERVATION_ORDER,
         ),
         Value("created_at", "createdAt", "createdAt", "timestamp", column=_c(Pool, "created_at")),
         Value("updated_at", "updatedAt", "updatedAt", "timestamp", column=_c(Pool, "updated_at")),
@@ -521,26 +525,34 @@ OFFER = Table(
     ),
 )
 
-_PLAIN = "reservations are read on the plain path only"
-
 RESERVATION = Table(
     "Reservation",
     "Reservation",
     (
-        Value("id", "id", "id", "id", uncompiled=_PLAIN),
-        Value("pool_id", "poolId", "poolId", "id", uncompiled=_PLAIN),
-        Value("tenant_id", "tenantId", "tenantId", "string", uncompiled=_PLAIN),
-        Value("resources", "resources", "resources", "amounts", uncompiled=_PLAIN),
+        Value("id", "id", "id", "id", column=_c(Reservation, "id")),
+        Value("pool_id", "poolId", "poolId", "id", column=_c(Reservation, "pool_id")),
+        Value("tenant_id", "tenantId", "tenantId", "string", column=_c(Reservation, "tenant_id")),
+        # Stored as {resource: amount}: REST shows the object, GraphQL a list of
+        # ResourceAmount in the stored object's order (json_reads._amounts).
+        Value(
+            "resources", "resources", "resources", "amounts", column=_c(Reservation, "resources")
+        ),
         Value(
             "state",
             "state",
             "state",
             "enum",
-            uncompiled=_PLAIN,
+            column=_c(Reservation, "state"),
             values=("active", "ended"),
         ),
-        Value("created_at", "createdAt", "createdAt", "timestamp", uncompiled=_PLAIN),
-        Value("ended_at", "endedAt", "endedAt", "timestamp", True, uncompiled=_PLAIN),
+        Value(
+            "created_at",
+            "createdAt",
+            "createdAt",
+            "timestamp",
+            column=_c(Reservation, "created_at"),
+        ),
+        Value("ended_at", "endedAt", "endedAt", "timestamp", True, _c(Reservation, "ended_at")),
     ),
 )
 
@@ -579,10 +591,12 @@ TABLES: dict[str, Table] = {
 ROW_TABLES: dict[str, Table] = {"pool": POOL}
 for _table in tuple(TABLES.values()):
     for _entry in _table.entries:
-        if isinstance(_entry, Relation) and _entry.rows is not None:
+        if isinstance(_entry, Relation) and _entry.rows is not None and _entry.of in TABLES:
             ROW_TABLES[_entry.rows] = TABLES[_entry.of]
 ROW_TABLES["lending"] = LENDING_ROW  # a root's rows, no relation's
 ROW_TABLES["access"] = ACCESS  # a root's object, no relation's
+# A connection's nodes (`Pool.reservations`), and REST `reservations/list`'s rows.
+ROW_TABLES["reservations"] = RESERVATION
 
 
 def graphql_values(kind: str) -> dict[str, str]:

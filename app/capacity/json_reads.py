@@ -61,6 +61,7 @@ from app.capacity.inputs import (
     LendingInput,
     ListPoolsInput,
     ListQuotasInput,
+    ListReservationsInput,
     MethodInput,
 )
 from app.capacity.json_sql import (
@@ -68,6 +69,7 @@ from app.capacity.json_sql import (
     JsonArray,
     JsonBool,
     JsonCursor,
+    JsonEntries,
     JsonNested,
     JsonObject,
     Statement,
@@ -85,9 +87,12 @@ from app.capacity.read_rules import (
     lineage_cte,
     nearest_grants,
     offers_shown,
+    own_reservations,
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
+    reservation_rank,
+    reservations_after,
     token_live,
 )
 from app.capacity.shapes import (
@@ -98,19 +103,21 @@ from app.capacity.shapes import (
     LendingShape,
     ListShape,
     Nested,
+    Paged,
     PageShape,
     PoolShape,
     QuotasShape,
     Read,
+    ReservationsShape,
     Rows,
     Shape,
 )
 from app.capacity.views import CapacityView, LendingRowView, guest_sums, overcommit
 from app.db.direct import traced
 from app.db.engine import Database
-from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
 from app.iam.principal import Principal
-from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE
+from app.iam.roles import CAPACITY_READ, POOLS_READ, POOLS_SHARE, RESERVATIONS_READ
 from app.metrics import statement_sent
 
 # json_build_object takes at most 100 arguments: 50 keys (SQLite's json_object, 63).
@@ -202,7 +209,7 @@ def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
     """A value as JSON of its kind: a boolean as true/false, a JSON column nested."""
     if entry.kind == "bool":
         return JsonBool(expr)
-    if entry.kind in ("json", "labels"):
+    if entry.kind in ("json", "labels", "amounts"):
         return JsonNested(expr)
     return expr
 
@@ -255,6 +262,10 @@ def _fields(kind: str, fields: tuple[Field, ...], row: CTE) -> JsonObject:
             pairs.append((f.key, JsonNested(case((Offer.tenant_id.is_not(None), grant)))))
         elif isinstance(f, Nested) and f.kind == "grant" and kind == "offer_quotas":
             pairs.append((f.key, null()))  # an offer's rows: the offer says it
+        elif isinstance(f, Paged) and kind == "pool":
+            pairs.append((f.key, _paged(f, row)))
+        elif isinstance(f, Nested) and f.kind == "amounts" and kind == "reservations":
+            pairs.append((f.key, _amounts(f.fields)))
         else:
             raise Unsupported(f"{f.key} here")
     return _object(pairs)
@@ -334,6 +345,10 @@ class CompiledRead:
     verbatim: bool = False
     shows_lender: bool = False  # summed once parsed (`readable`)
     needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
+    # Decided with compute:reservations:read (REST `reservations/list`, a pool's page).
+    reads_reservations: bool = False
+    # Holds a pool's page of reservations (`Paged`), its arguments beside the root's.
+    pages: bool = False
 
     @property
     def page(self) -> bool:
@@ -354,6 +369,11 @@ class CompiledRead:
         """Why the caller holds a permission on one pool (`access`): the statement reads
         the facts, explain.explanation decides once they are parsed."""
         return isinstance(self.shape, AccessShape)
+
+    @property
+    def reservations(self) -> bool:
+        """The tenant's reservations (REST `reservations/list`): every pool's, or one's."""
+        return isinstance(self.shape, ReservationsShape)
 
     @property
     def every(self) -> bool:
@@ -398,6 +418,7 @@ def compile_read(
     # The statement's cursors: encoded in it (JsonCursor), or once parsed.
     cursors = "cursor" in needs and dialect not in ENCODES_CURSORS
     lending = isinstance(shape, LendingShape)
+    pages = any(isinstance(f, Paged) for f in _all(shape.fields))
     verbatim = (
         dialect == "sqlite"
         and not cursors
@@ -416,6 +437,8 @@ def compile_read(
         verbatim,
         "lender" in needs,
         lending,
+        isinstance(shape, ReservationsShape) or pages,
+        pages,
     )
 
 
@@ -436,6 +459,7 @@ _INPUTS: dict[type, type[MethodInput]] = {
     CapacityShape: CapacityInput,
     LendingShape: LendingInput,
     AccessShape: ExplainAccessInput,
+    ReservationsShape: ListReservationsInput,
 }
 
 
@@ -449,6 +473,8 @@ def _statement(shape: Shape, root: tuple[Constant, ...]) -> Select[Any]:
         return _lending_statement(shape, pairs)
     if isinstance(shape, AccessShape):
         return _access_statement(shape, pairs)
+    if isinstance(shape, ReservationsShape):
+        return _reservations_statement(shape, pairs)
     # An owner's caller without compute:pools:share asking for offers gets the plain
     # read's PERMISSION_DENIED on that field: answer nothing here.
     declines = any(
@@ -677,12 +703,107 @@ def _access_statement(
     return select(cast(_object(pairs), Text)).select_from(rows).where(token_live(_TOKEN, _ROLE))
 
 
+# --- the tenant's reservations (REST `reservations/list`) -------------------------------
+
+
+def _reservations_statement(
+    shape: ReservationsShape, pairs: list[tuple[str, ColumnElement[Any]]]
+) -> Select[Any]:
+    """The tenant's own reservations (read_rules.own_reservations), in every pool or in
+    one (`pool_id`: the pool as `get` finds it, NULL when the tenant does not see it, for
+    the plain read's NOT_FOUND), in the table of fields' order."""
+    lineage = lineage_cte(_TENANT, "lineage")
+    target = _granted(lineage, AuthzRow.pool_id == _POOL_ID).cte("target")
+    table = Reservation.__table__
+    rows = rows_from(table).where(
+        own_reservations(_TENANT), or_(_POOL_ID.is_(None), table.c.pool_id == _POOL_ID)
+    )
+    item = _fields("reservations", shape.fields, target)
+    pairs.append((shape.key, JsonArray(item, rows, _ROW_ORDER["reservations"])))
+    return select(cast(_object(pairs), Text)).where(
+        token_live(_TOKEN, _ROLE),
+        exists(select(lineage.c.id)),
+        or_(_POOL_ID.is_(None), exists(select(target.c.id))),
+    )
+
+
+# --- a pool's page of the tenant's reservations (GraphQL `Pool.reservations`) -----------
+
+
+def _amounts(fields: tuple[Field, ...]) -> ColumnElement[Any]:
+    """A reservation's `resources` as GraphQL's list of ResourceAmount, in the stored
+    object's order (the plain read's: reads.reservation_view keeps it)."""
+    pairs: list[tuple[str, str]] = []
+    for f in fields:
+        if isinstance(f, Read) and f.value in ("resource", "amount") and f.mapping is None:
+            pairs.append((f.key, "key" if f.value == "resource" else "value"))
+        elif isinstance(f, Constant):
+            pairs.append((f.key, f.value))
+        else:
+            raise Unsupported(f"{f.key} on an amount")
+    return JsonEntries(Reservation.__table__.c.resources, pairs)
+
+
+def _paged(field: Paged, row: CTE) -> JsonObject:
+    """Pool `row`'s page of the acting tenant's reservations: those after `after` whose
+    read_rules.reservation_rank is at most `first` (the field's own parameters), and one
+    rank more for hasNextPage, as the plain read's reservations_pages pages them."""
+    first = bindparam(f"{field.param}_first", type_=Integer)
+    after = bindparam(f"{field.param}_after", type_=String)
+    table = Reservation.__table__
+    mine = (own_reservations(_TENANT), reservations_after(after), table.c.pool_id == row.c.id)
+    rank = reservation_rank(after)
+    shown = rows_from(table).where(*mine, rank <= first)
+    order = _ROW_ORDER["reservations"]
+    ids = select(table.c.id).where(*mine, rank <= first)
+    info_values: dict[str, ColumnElement[Any]] = {
+        "has_next_page": JsonBool(exists(select(table.c.id).where(*mine, rank > first))),
+        "has_previous_page": JsonBool(after.is_not(None)),
+        "start_cursor": JsonCursor(ids.order_by(*order).limit(_ONE).scalar_subquery()),
+        "end_cursor": JsonCursor(
+            ids.order_by(*(c.desc() for c in order)).limit(_ONE).scalar_subquery()
+        ),
+    }
+    pairs: list[tuple[str, ColumnElement[Any]]] = []
+    for f in field.fields:
+        if isinstance(f, Constant):
+            pairs.append((f.key, sql_literal(f.value)))
+        elif isinstance(f, Nested) and f.kind == "page_info":
+            info: list[tuple[str, ColumnElement[Any]]] = []
+            for g in f.fields:
+                if isinstance(g, Read) and g.value in info_values and g.mapping is None:
+                    info.append((g.key, info_values[g.value]))
+                elif isinstance(g, Constant):
+                    info.append((g.key, sql_literal(g.value)))
+                else:
+                    raise Unsupported(f"{g.key} on pageInfo")
+            pairs.append((f.key, _object(info)))
+        elif isinstance(f, Nested) and f.kind == "nodes":
+            item = _fields("reservations", f.fields, row)
+            pairs.append((f.key, JsonArray(item, shown, order)))
+        elif isinstance(f, Nested) and f.kind == "edges":
+            edge: list[tuple[str, ColumnElement[Any]]] = []
+            for g in f.fields:
+                if isinstance(g, Read) and g.value == "cursor":
+                    edge.append((g.key, JsonCursor(table.c.id)))
+                elif isinstance(g, Nested) and g.kind == "node":
+                    edge.append((g.key, _fields("reservations", g.fields, row)))
+                elif isinstance(g, Constant):
+                    edge.append((g.key, sql_literal(g.value)))
+                else:
+                    raise Unsupported(f"{g.key} on an edge")
+            pairs.append((f.key, JsonArray(_object(edge), shown, order)))
+        else:
+            raise Unsupported(f"{f.key} on a page of reservations")
+    return _object(pairs)
+
+
 def _all(fields: tuple[Field, ...]) -> list[Field]:
     """Every field, nested ones too."""
     found: list[Field] = []
     for f in fields:
         found.append(f)
-        if isinstance(f, Rows | Nested):
+        if isinstance(f, Rows | Nested | Paged):
             found += _all(f.fields)
     return found
 
@@ -760,7 +881,9 @@ def _finish(
                 value[f.key] = encode_cursor(value[f.key])
         elif lender and isinstance(f, Read) and f.value in _LENT:
             _lender_value(value, f, absent)
-        elif (isinstance(f, Nested) and _needs(f.fields) & {"policy", "cursor", "lender"}) or (
+        elif (
+            isinstance(f, Nested | Paged) and _needs(f.fields) & {"policy", "cursor", "lender"}
+        ) or (
             lender and isinstance(f, Rows) and f.kind == "capacity"  # a pool's rollup
         ):
             _finish(value[f.key], f.fields, cursors, lender)
@@ -775,6 +898,8 @@ def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:
     if principal.tenant_id != tenant_id and not principal.is_fleet_admin:
         return False
     if read.needs_share and not principal.has(POOLS_SHARE):
+        return False
+    if read.reads_reservations and not principal.has(RESERVATIONS_READ):
         return False
     return not read.reads_capacity or principal.has(CAPACITY_READ)
 

@@ -15,6 +15,9 @@ builds the same JSON on both.
   `json(...)`.
 - `JsonBool`: SQLite has no boolean, and would show 0 and 1.
 - `JsonIsEmptyObject`: a JSON column holding `{}`.
+- `JsonEntries`: a JSON object column as an array of objects, one per key, in the stored
+  object's order (a reservation's `resources` as GraphQL's ResourceAmount list):
+  PostgreSQL `jsonb_each ... WITH ORDINALITY`, SQLite `json_each` in its `id` order.
 - `JsonCursor`: a row's cursor (paging.encode_cursor of its id). PostgreSQL selects the
   id, encoded once the answer is parsed (json_reads.readable); SQLite encodes it in the
   statement, with the same function defined on its connections (`bc_cursor`,
@@ -136,6 +139,54 @@ per_dialect(
 )
 per_dialect(JsonCursor, postgresql="{0}", sqlite="bc_cursor({0})")
 per_dialect(JsonIsEmptyObject, postgresql="({0} = '{{}}'::jsonb)", sqlite="(json({0}) = '{{}}')")
+
+
+class JsonEntries(FunctionElement[Any]):
+    """A JSON object column (the one argument) as an array of objects, one per key in
+    the stored object's order, `[]` for `{}`: each object's `pairs` are (its key, "key"
+    for the entry's key, "value" for its value, or a fixed string: `__typename`)."""
+
+    name, inherit_cache = "json_entries", False
+
+    def __init__(self, column: ColumnElement[Any], pairs: Sequence[tuple[str, str]]) -> None:
+        self.pairs = tuple(pairs)
+        super().__init__(column)
+
+
+def _entry_object(element: JsonEntries, compiler: SQLCompiler, build: str, **kw: Any) -> str:
+    parts: list[str] = []
+    for key, what in element.pairs:
+        value = {"key": "e.key", "value": "e.value"}.get(what)
+        if value is None:
+            value = compiler.process(sql_literal(what), **kw)
+        parts += [compiler.process(sql_literal(key), **kw), value]
+    return f"{build}({', '.join(parts)})"
+
+
+@compiles(JsonEntries, "postgresql")
+def _json_entries_postgresql(element: JsonEntries, compiler: SQLCompiler, **kw: Any) -> str:
+    column = compiler.process(element.clauses, **kw)
+    item = _entry_object(element, compiler, "json_build_object", **kw)
+    return (
+        f"coalesce((SELECT json_agg({item} ORDER BY e.n) FROM jsonb_each({column})"
+        " WITH ORDINALITY AS e(key, value, n)), '[]'::json)"
+    )
+
+
+@compiles(JsonEntries, "sqlite")
+def _json_entries_sqlite(element: JsonEntries, compiler: SQLCompiler, **kw: Any) -> str:
+    # json_each's rows in `id` order are the object's keys in its text's order; the
+    # ordered subquery keeps that order for the aggregate (`sqlite_keeps_subquery_order`,
+    # else a window of it).
+    column = compiler.process(element.clauses, **kw)
+    item = _entry_object(element, compiler, "json_object", **kw)
+    each = f"(SELECT key, value, id FROM json_each({column}) ORDER BY id)"
+    if not sqlite_keeps_subquery_order():
+        return (
+            f"json(coalesce((SELECT json_group_array({item}) OVER (ORDER BY e.id ROWS BETWEEN"
+            f" UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) FROM {each} AS e LIMIT 1), '[]'))"
+        )
+    return f"(SELECT json_group_array({item}) FROM {each} AS e)"
 
 
 def json_object(pairs: Sequence[tuple[str, ColumnElement[Any]]]) -> JsonObject:

@@ -17,6 +17,10 @@ are all built from these objects; none of the rules is written again as SQL text
   `quotas_with_offers`: the rows joined with it; `guest_quotas`: the rows an owner lent;
 - `offers_shown`: offers are shown to the pool's owner with compute:pools:share only;
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
+- `own_reservations`: the reservations a tenant lists (its own, in any pool), in the
+  table of fields' order (`RESERVATION_ORDER`), keyset-paged after an id
+  (`reservations_after`), and `reservation_rank`: a reservation's place in its pool's
+  list (a page per pool: GraphQL's `Pool.reservations`);
 - each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
 """
 
@@ -41,8 +45,18 @@ from sqlalchemy import (
     true,
 )
 
+from app.capacity.fields import RESERVATION_ORDER
 from app.capacity.json_sql import JsonIsEmptyObject, rows_from
-from app.db.models import ApiToken, AuthzRow, Offer, Pool, QuotaRow, RoleBinding, Tenant
+from app.db.models import (
+    ApiToken,
+    AuthzRow,
+    Offer,
+    Pool,
+    QuotaRow,
+    Reservation,
+    RoleBinding,
+    Tenant,
+)
 
 
 def lineage_cte(tenant_id: str | ColumnElement[str], name: str = "chain") -> CTE:
@@ -184,3 +198,41 @@ def token_live(token: ColumnElement[str], role: ColumnElement[str]) -> Any:
         RoleBinding.role == role,
         JsonIsEmptyObject(RoleBinding.conditions),
     )
+
+
+def own_reservations(tenant_id: str | ColumnElement[str]) -> ColumnElement[bool]:
+    """The reservations a tenant lists: its own, in whatever pool they book (a reservation
+    outlives the offer that let it book); in `RESERVATION_ORDER`. Which pools' a caller
+    with a narrowed binding reads is decided on each pool (reservations.list_reservations);
+    the compiled reads answer unnarrowed callers only."""
+    return Reservation.tenant_id == tenant_id
+
+
+def reservations_after(
+    after: str | ColumnElement[str] | None, id_: ColumnElement[str] | None = None
+) -> ColumnElement[bool]:
+    """A keyset page's rows: after the id a cursor names (paging.decode_cursor), or all
+    (`after` None, or a NULL parameter); `id_`: the reservations' id column (an alias's)."""
+    column = Reservation.__table__.c.id if id_ is None else id_
+    if after is None:
+        return true()
+    if isinstance(after, str):
+        return column > after
+    return or_(after.is_(None), column > after)
+
+
+def reservation_rank(after: str | ColumnElement[str] | None) -> ColumnElement[int]:
+    """A reservation's place in its pool's list of its tenant's `own_reservations` after
+    `after` (1 first, in `RESERVATION_ORDER`, the id): one more than those before it. A
+    page of `first` per pool is the ranks up to `first`; one rank more says a next page.
+    Correlated to the reservations' table of the statement it is used in."""
+    table = Reservation.__table__
+    earlier = table.alias("earlier")
+    (order,) = RESERVATION_ORDER  # the id: the rank counts the ids before it
+    assert order.key == "id"
+    return select(func.count()).select_from(earlier).where(
+        earlier.c.tenant_id == table.c.tenant_id,
+        earlier.c.pool_id == table.c.pool_id,
+        earlier.c.id < table.c.id,
+        reservations_after(after, earlier.c.id),
+    ).scalar_subquery() + literal_column("1", Integer)

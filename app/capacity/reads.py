@@ -11,17 +11,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from sqlalchemy import Column, Row, Select, bindparam, func, select
+from sqlalchemy import Column, Row, Select, bindparam, select
 
-from app.capacity.fields import OFFER, POOL, Value
+from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
     grant_clause,
     lineage_cte,
+    own_reservations,
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
+    reservation_rank,
+    reservations_after,
 )
 from app.capacity.views import (
     CapacityView,
@@ -428,16 +431,15 @@ async def reservations_of(
     after: str | None = None,
     limit: int | None = None,
 ) -> list[ReservationView]:
-    """The tenant's own reservations, in id order, optionally in some pools only."""
+    """The tenant's own reservations, in id order, optionally in some pools only
+    (read_rules.own_reservations, the compiled list's rule too)."""
     query = (
         select(Reservation.__table__)
-        .where(Reservation.tenant_id == tenant_id)
-        .order_by(Reservation.id)
+        .where(own_reservations(tenant_id), reservations_after(after))
+        .order_by(*RESERVATION_ORDER)
     )
     if pool_ids is not None:
         query = query.where(Reservation.pool_id.in_(pool_ids))
-    if after is not None:
-        query = query.where(Reservation.id > after)
     if limit is not None:
         query = query.limit(limit)
     return [reservation_view(r) for r in (await executor.execute(query))]
@@ -452,19 +454,20 @@ async def reservations_pages(
     limit: int,
 ) -> dict[str, list[ReservationView]]:
     """The tenant's reservations in each pool, id order, at most `limit` per pool after
-    `after`: one statement for any number of pools (a window over the pool)."""
+    `after`: one statement for any number of pools (read_rules.reservation_rank, the
+    compiled `Pool.reservations`' rule too)."""
     if not pool_ids:
         return {}
     table = Reservation.__table__
-    ranked_query = select(
-        table,
-        func.row_number().over(partition_by=table.c.pool_id, order_by=table.c.id).label("rank"),
-    ).where(table.c.tenant_id == tenant_id, table.c.pool_id.in_(pool_ids))
-    if after is not None:
-        ranked_query = ranked_query.where(table.c.id > after)
-    ranked = ranked_query.subquery()
     rows = await executor.execute(
-        select(ranked).where(ranked.c.rank <= limit).order_by(ranked.c.pool_id, ranked.c.id)
+        select(table)
+        .where(
+            own_reservations(tenant_id),
+            reservations_after(after),
+            table.c.pool_id.in_(pool_ids),
+            reservation_rank(after) <= limit,
+        )
+        .order_by(table.c.pool_id, *RESERVATION_ORDER)
     )
     found: dict[str, list[ReservationView]] = defaultdict(list)
     for r in rows:

@@ -53,7 +53,12 @@ from app.capacity.inputs import (
 )
 from app.capacity.json_sql import DIALECTS
 from app.capacity.node_ids import PoolOffer, parse_node_id
-from app.capacity.paging import Page, PageRequest, pools_page_request
+from app.capacity.paging import (
+    Page,
+    PageRequest,
+    pools_page_request,
+    reservations_page_request,
+)
 from app.capacity.shapes import AccessShape, Constant, Shape
 from app.capacity.view_json import view_json
 from app.capacity.views import (
@@ -315,12 +320,21 @@ class Capacity:
         arguments: dict[str, object]
         first: int | None = None  # `lending`'s: kept once ranked
         asked: ExplainAccessInput | None = None  # `access`'s: decided once parsed
+        paged: dict[str, object] = {}  # each `Pool.reservations`' page (`_paged_arguments`)
+        if read.pages:  # GraphQL's plan's names; REST's bodies keep theirs (refused)
+            paged = {k: v for k, v in args.items() if k.startswith(PAGED)}
+            args = {k: v for k, v in args.items() if not k.startswith(PAGED)}
         try:
+            paged = _paged_arguments(paged)
             if read.access:
                 explain_input = parse_input(read.input, args)
                 assert isinstance(explain_input, ExplainAccessInput)
                 asked = explain_input
                 tenant_id, arguments = asked.tenant_id, {"pool_id": asked.pool_id}
+            elif read.reservations:
+                listed_rsv = parse_input(read.input, args)
+                assert isinstance(listed_rsv, ListReservationsInput)
+                tenant_id, arguments = listed_rsv.tenant_id, {"pool_id": listed_rsv.pool_id}
             elif read.lending:
                 lent = parse_input(read.input, args)
                 assert isinstance(lent, LendingInput)
@@ -355,6 +369,7 @@ class Capacity:
             return None
         if not json_reads.eligible(principal, tenant_id, read):
             return None
+        arguments.update(paged)
         shares = principal.has(POOLS_SHARE)
         params = read.params(tenant_id, token_hash, principal.role, shares, **arguments)
         try:
@@ -501,6 +516,25 @@ async def _check_caller(uow: UnitOfWork) -> None:
     write carried it already."""
     if uow.caller is not None and not uow.caller_checked:
         uow.caller_seen(bool(await uow.statements.scalar(_CALLER_LIVE, uow.caller)))
+
+
+# The arguments of a page nested in a read (GraphQL's `Pool.reservations`), beside the
+# root field's: `#<param>:first` and `#<param>:after` (schema/compiled_reads.py).
+PAGED = "#"
+
+
+def _paged_arguments(given: dict[str, object]) -> dict[str, object]:
+    """Each nested page's `first` and `after`, validated and decoded as the plain read
+    does (paging.reservations_page_request: INVALID_INPUT, then the plain path answers),
+    as the statement's parameters `<param>_first` and `<param>_after`."""
+    found: dict[str, object] = {}
+    for param in {k[len(PAGED) :].split(":")[0] for k in given}:
+        page = reservations_page_request(
+            given.get(f"{PAGED}{param}:first"),  # type: ignore[arg-type]
+            given.get(f"{PAGED}{param}:after"),  # type: ignore[arg-type]
+        )
+        found[f"{param}_first"], found[f"{param}_after"] = page.first, page.after
+    return found
 
 
 async def _counted(write: str, answer: Awaitable[ReservationView | None]) -> ReservationView | None:

@@ -22,8 +22,8 @@ Value = str
 
 # The kinds of rows the compiled builder reads (json_reads: which rows, in which order,
 # under which rule), and the object a quota row nests.
-RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas"]
-NestedKind = Literal["page_info", "nodes", "edges", "node", "grant", "binding", "denial"]
+RowsKind = Literal["quotas", "capacity", "offers", "offer_quotas", "reservations"]
+NestedKind = Literal["page_info", "nodes", "edges", "node", "grant", "binding", "denial", "amounts"]
 
 # A stored value and what the transport shows for it (an enum's names, say).
 Mapping = tuple[tuple[str, str], ...]
@@ -64,15 +64,29 @@ class Rows:
 @dataclass(frozen=True, slots=True)
 class Nested:
     """An object: the page's `page_info`, `nodes` or `edges`, an edge's `node`, a
-    quota row's `grant` (the offer that gives the row; null if it has ended), or an
-    access explanation's `binding`, `grant` or `denial`."""
+    quota row's `grant` (the offer that gives the row; null if it has ended), an
+    access explanation's `binding`, `grant` or `denial`, or a reservation's
+    `amounts` (GraphQL's list of ResourceAmount: `resource`, `amount`)."""
 
     key: str
     kind: NestedKind
     fields: tuple[Field, ...]
 
 
-Field = Constant | Read | Rows | Nested
+@dataclass(frozen=True, slots=True)
+class Paged:
+    """A pool's page of the acting tenant's own reservations (GraphQL's
+    `Pool.reservations`): a connection whose `fields` are `nodes`, `edges` and
+    `page_info` as a page of pools has them, paged by its own arguments, bound per
+    request as the statement's parameters `<param>_first` and `<param>_after`."""
+
+    key: str
+    kind: Literal["reservations"]
+    fields: tuple[Field, ...]
+    param: str
+
+
+Field = Constant | Read | Rows | Nested | Paged
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,4 +154,22 @@ class AccessShape:
     optional_keys_absent: bool = False
 
 
-Shape = PageShape | PoolShape | ListShape | QuotasShape | CapacityShape | LendingShape | AccessShape
+@dataclass(frozen=True, slots=True)
+class ReservationsShape:
+    """The tenant's own reservations, in every pool or in one it sees (REST's
+    `reservations/list`), in id order, as one list under `key`."""
+
+    key: str
+    fields: tuple[Field, ...]
+
+
+Shape = (
+    PageShape
+    | PoolShape
+    | ListShape
+    | QuotasShape
+    | CapacityShape
+    | LendingShape
+    | AccessShape
+    | ReservationsShape
+)

@@ -31,6 +31,7 @@ from app.capacity.shapes import (
     Nested,
     PoolShape,
     Read,
+    ReservationsShape,
     Rows,
 )
 from app.capacity.shapes import Field as ShapeField
@@ -159,6 +160,8 @@ CAPACITY_SHAPE = CapacityShape("capacity", _shape(CAPACITY, _LENDER_KEYS), lende
 # `explain`'s answer, {"access": access_json(...)}: the grant says `via`, a denial its
 # binding condition `key` (left out when there is none).
 ACCESS_SHAPE = AccessShape("access", _shape(ACCESS), optional_keys_absent=True)
+# `reservations/list`'s answer, {"reservations": [reservation_json(...), ...]}.
+RESERVATIONS_SHAPE = ReservationsShape("reservations", _shape(RESERVATION))
 
 
 def access_json(a: AccessExplanation) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from app.rest.render import (
     GET_SHAPE,
     LENDING_SHAPE,
     LIST_SHAPE,
+    RESERVATIONS_SHAPE,
     render,
 )
 
@@ -59,14 +60,15 @@ COMPILED_SHAPES: dict[str, Shape] = {
     "/api/compute/pools/lending": LENDING_SHAPE,
     # `explain`: the facts in one statement, decided by explain.explanation once parsed.
     "/api/compute/pools/explain": ACCESS_SHAPE,
+    "/api/compute/reservations/list": RESERVATIONS_SHAPE,
 }
 POOL_WRITES = (CREATE_POOL, OFFER_POOL, UNOFFER_POOL, UPDATE_POOL, ARCHIVE_POOL, LABEL_POOL)
 
 
 def _endpoint(method: Method) -> Any:
-    # `get`, `list`, `capacity`, `lending` and `explain` may be answered by one compiled statement
-    # that also checks the token, so a caller this process has seen is not looked up
-    # first (app/http/admission.py).
+    # `get`, `list`, `capacity`, `lending`, `explain` and `reservations/list` may be
+    # answered by one compiled statement that also checks the token, so a caller this
+    # process has seen is not looked up first (app/http/admission.py).
     shape = COMPILED_SHAPES.get(method.path)
     compiled: dict[str, CompiledRead | None] = {}  # per dialect, built on first use
     # A booking or release may be one statement that checks the token too

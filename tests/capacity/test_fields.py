@@ -27,6 +27,7 @@ from app.capacity.fields import (
     PAGE_INFO,
     POOL,
     QUOTA,
+    RESERVATION,
     ROW_TABLES,
     STATEMENT,
     TABLES,
@@ -37,7 +38,17 @@ from app.capacity.fields import (
     timestamp,
 )
 from app.capacity.json_sql import DIALECTS
-from app.capacity.shapes import Constant, Field, Nested, PageShape, PoolShape, Read, Rows, Shape
+from app.capacity.shapes import (
+    Constant,
+    Field,
+    Nested,
+    Paged,
+    PageShape,
+    PoolShape,
+    Read,
+    Rows,
+    Shape,
+)
 from app.capacity.views import PoolView, StoredPool
 from app.compat import graphql_core_schema
 from app.db.engine import Database
@@ -166,8 +177,17 @@ def _shape_fields(table: Table) -> tuple[Field, ...]:
     for entry in table.entries:
         if not entry.compiled or entry.graphql is None:
             continue
-        if isinstance(entry, Value):
+        if isinstance(entry, Value) and entry.kind == "amounts":
+            amount = (Read("resource", "resource"), Read("amount", "amount"))
+            fields.append(Nested(entry.graphql, "amounts", amount))
+        elif isinstance(entry, Value):
             fields.append(Read(entry.graphql, entry.name))
+        elif entry.rows == "reservations":  # a connection: a page per pool
+            page = (
+                Nested("nodes", "nodes", _shape_fields(RESERVATION)),
+                Nested("pageInfo", "page_info", _shape_fields(PAGE_INFO)),
+            )
+            fields.append(Paged(entry.graphql, "reservations", page, "rsv0"))
         elif entry.rows == "grant":
             fields.append(Nested(entry.graphql, "grant", _shape_fields(TABLES[entry.of])))
         elif entry.rows is not None:
@@ -208,8 +228,16 @@ def _selection(table: Table) -> str:
     for entry in table.entries:
         if not entry.compiled or entry.graphql is None:
             continue
-        if isinstance(entry, Relation):
+        if isinstance(entry, Relation) and entry.rows == "reservations":
+            node = _selection(RESERVATION)
+            parts.append(
+                f"{entry.graphql} {{ nodes {{ {node} }} edges {{ cursor node {{ {node} }} }}"
+                f" pageInfo {{ {_selection(PAGE_INFO)} }} }}"
+            )
+        elif isinstance(entry, Relation):
             parts.append(f"{entry.graphql} {{ {_selection(TABLES[entry.of])} }}")
+        elif isinstance(entry, Value) and entry.kind == "amounts":
+            parts.append(f"{entry.graphql} {{ resource amount __typename }}")
         else:
             parts.append(entry.graphql)
     return " ".join(parts)
