@@ -82,6 +82,7 @@ from app.capacity.lending import rank
 from app.capacity.paging import encode_cursor
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
+    ReservationsPage,
     booked_quotas,
     guest_quotas,
     lineage_cte,
@@ -91,7 +92,6 @@ from app.capacity.read_rules import (
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
-    reservation_rank,
     reservations_after,
     token_live,
 )
@@ -746,18 +746,19 @@ def _amounts(fields: tuple[Field, ...]) -> ColumnElement[Any]:
 
 def _paged(field: Paged, row: CTE) -> JsonObject:
     """Pool `row`'s page of the acting tenant's reservations: those after `after` whose
-    read_rules.reservation_rank is at most `first` (the field's own parameters), and one
-    rank more for hasNextPage, as the plain read's reservations_pages pages them."""
+    the first `first` (the field's own parameters; read_rules.ReservationsPage, found once
+    per pool row), and whether one lies beyond for hasNextPage, as the plain read's
+    reservations_pages pages them."""
     first = bindparam(f"{field.param}_first", type_=Integer)
     after = bindparam(f"{field.param}_after", type_=String)
     table = Reservation.__table__
     mine = (own_reservations(_TENANT), reservations_after(after), table.c.pool_id == row.c.id)
-    rank = reservation_rank(after)
-    shown = rows_from(table).where(*mine, rank <= first)
+    page = ReservationsPage(row.c.id, _TENANT, after, first)
+    shown = rows_from(table).where(*mine, page.shown())
     order = _ROW_ORDER["reservations"]
-    ids = select(table.c.id).where(*mine, rank <= first)
+    ids = select(table.c.id).where(*mine, page.shown())
     info_values: dict[str, ColumnElement[Any]] = {
-        "has_next_page": JsonBool(exists(select(table.c.id).where(*mine, rank > first))),
+        "has_next_page": JsonBool(exists(select(table.c.id).where(*mine, page.beyond()))),
         "has_previous_page": JsonBool(after.is_not(None)),
         "start_cursor": JsonCursor(ids.order_by(*order).limit(_ONE).scalar_subquery()),
         "end_cursor": JsonCursor(

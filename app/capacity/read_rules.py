@@ -19,8 +19,8 @@ are all built from these objects; none of the rules is written again as SQL text
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
 - `own_reservations`: the reservations a tenant lists (its own, in any pool), in the
   table of fields' order (`RESERVATION_ORDER`), keyset-paged after an id
-  (`reservations_after`), and `reservation_rank`: a reservation's place in its pool's
-  list (a page per pool: GraphQL's `Pool.reservations`);
+  (`reservations_after`), and `ReservationsPage`: a page of them per pool (GraphQL's
+  `Pool.reservations`), found by where it ends;
 - each list's order is the table of fields' (app/capacity/fields.py, `Relation.order`).
 """
 
@@ -36,9 +36,11 @@ from sqlalchemy import (
     ScalarSelect,
     Select,
     and_,
+    case,
     exists,
     false,
     func,
+    literal,
     literal_column,
     or_,
     select,
@@ -221,18 +223,49 @@ def reservations_after(
     return or_(after.is_(None), column > after)
 
 
-def reservation_rank(after: str | ColumnElement[str] | None) -> ColumnElement[int]:
-    """A reservation's place in its pool's list of its tenant's `own_reservations` after
-    `after` (1 first, in `RESERVATION_ORDER`, the id): one more than those before it. A
-    page of `first` per pool is the ranks up to `first`; one rank more says a next page.
-    Correlated to the reservations' table of the statement it is used in."""
-    table = Reservation.__table__
-    earlier = table.alias("earlier")
-    (order,) = RESERVATION_ORDER  # the id: the rank counts the ids before it
-    assert order.key == "id"
-    return select(func.count()).select_from(earlier).where(
-        earlier.c.tenant_id == table.c.tenant_id,
-        earlier.c.pool_id == table.c.pool_id,
-        earlier.c.id < table.c.id,
-        reservations_after(after, earlier.c.id),
-    ).scalar_subquery() + literal_column("1", Integer)
+class ReservationsPage:
+    """A page of `first` of a tenant's `own_reservations` in one pool after `after` (a
+    page per pool: GraphQL's `Pool.reservations`), given by where it ends: the `first`-th
+    id (`end`, NULL when the rest of the pool's fit). `pool_id` is the column the pool is
+    named by: a pool row's in a statement that has one, so the database finds the end
+    once per pool by walking at most `first` entries of the (tenant_id, pool_id, id)
+    index, however many reservations the pool holds (a rank counted per row grew with the
+    square of them)."""
+
+    def __init__(
+        self,
+        pool_id: ColumnElement[str],
+        tenant_id: str | ColumnElement[str],
+        after: str | ColumnElement[str] | None,
+        first: int | ColumnElement[int],
+    ) -> None:
+        table = Reservation.__table__
+        ends = table.alias("page_end")
+        (order,) = RESERVATION_ORDER  # the id: a page ends at an id
+        assert order.key == "id"
+        self._first = first if isinstance(first, ColumnElement) else literal(first, Integer)
+        skip = case((self._first >= 1, self._first - 1), else_=0)  # never a negative OFFSET
+        self.end: ColumnElement[str] = (
+            select(ends.c.id)
+            .where(
+                ends.c.tenant_id == tenant_id,
+                ends.c.pool_id == pool_id,
+                reservations_after(after, ends.c.id),
+            )
+            .order_by(ends.c.id)
+            .offset(skip)
+            .limit(1)
+            # Explicitly: the pool row may sit more than one SELECT out (SQLite's ordered
+            # arrays nest one more), past where implicit correlation looks.
+            .correlate_except(ends)
+            .scalar_subquery()
+        )
+        self._id = table.c.id
+
+    def shown(self) -> ColumnElement[bool]:
+        """A reservation after `after` is on the page (`first` 0: none is)."""
+        return and_(self._first >= 1, or_(self.end.is_(None), self._id <= self.end))
+
+    def beyond(self) -> ColumnElement[bool]:
+        """A reservation after `after` is past the page: there is a next page."""
+        return or_(self._first < 1, and_(self.end.is_not(None), self._id > self.end))

@@ -17,13 +17,13 @@ from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
+    ReservationsPage,
     grant_clause,
     lineage_cte,
     own_reservations,
     pool_seen_by,
     quota_offer,
     quotas_with_offers,
-    reservation_rank,
     reservations_after,
 )
 from app.capacity.views import (
@@ -454,19 +454,17 @@ async def reservations_pages(
     limit: int,
 ) -> dict[str, list[ReservationView]]:
     """The tenant's reservations in each pool, id order, at most `limit` per pool after
-    `after`: one statement for any number of pools (read_rules.reservation_rank, the
-    compiled `Pool.reservations`' rule too)."""
+    `after`: one statement for any number of pools (read_rules.ReservationsPage, the
+    compiled `Pool.reservations`' rule too, each pool's end found from its pool row)."""
     if not pool_ids:
         return {}
     table = Reservation.__table__
+    pools = select(Pool.id).where(Pool.id.in_(pool_ids)).subquery("paged")
+    page = ReservationsPage(pools.c.id, tenant_id, after, limit)
     rows = await executor.execute(
         select(table)
-        .where(
-            own_reservations(tenant_id),
-            reservations_after(after),
-            table.c.pool_id.in_(pool_ids),
-            reservation_rank(after) <= limit,
-        )
+        .join_from(pools, table, table.c.pool_id == pools.c.id)
+        .where(own_reservations(tenant_id), reservations_after(after), page.shown())
         .order_by(table.c.pool_id, *RESERVATION_ORDER)
     )
     found: dict[str, list[ReservationView]] = defaultdict(list)
