@@ -18,6 +18,11 @@ authentication, no IAM, no validation: the least work that answers the same data
 - `/lending?tenant&first`, `/rest/pools/lending?tenant&first`: the owner's capacity rows
   with what its guests were offered and use, the most overcommitted first (lent capacity
   on a row with none allocatable first of all), the first `first`, by GraphQL and REST
+- `/rest/reservations/list?tenant`: REST `reservations/list`, the tenant's own
+  reservations in every pool, in id order
+- `/reservations?tenant&pool&first&after`: the GraphQL one-pool query with a page of the
+  tenant's own reservations in the pool (`pool { id reservations(first) }`: pageInfo, and
+  edges with their cursors), the pool as the one-pool query finds it
 
 The routes are written once here (`floor_app`); each dialect gives its statements
 and how to run one: PostgreSQL's below (asyncpg, `json_build_object`/`json_agg`), SQLite's
@@ -182,6 +187,48 @@ FROM ranked
 LENDING = _LENDING.format(wrap="json_build_object('data', ", unwrap=")")
 REST_LENDING = _LENDING.format(wrap="", unwrap="")
 
+# The tenant $1's own reservations in every pool, in id order, as REST shows each
+# (app/rest/render.py's reservation_json: `resources` the stored object).
+REST_RESERVATIONS = f"""
+SELECT json_build_object('reservations', COALESCE(json_agg(json_build_object(
+    'id', r.id, 'poolId', r.pool_id, 'tenantId', r.tenant_id, 'resources', r.resources,
+    'state', r.state, 'createdAt', {_TIMESTAMP.format(col="r.created_at")},
+    'endedAt', {_TIMESTAMP.format(col="r.ended_at")}) ORDER BY r.id), '[]'))::text
+FROM reservations r WHERE r.tenant_id = $1
+"""
+
+# Pool $2 as the guest $1 sees it with a page of its own reservations there: the first $3
+# after the id $4 (NULL: the first page), one more read to know a next page follows; each
+# an edge with its cursor, `resources` as GraphQL's list in the stored object's order.
+POOL_RESERVATIONS = f"""
+WITH page AS (
+  SELECT * FROM reservations
+  WHERE tenant_id = $1 AND pool_id = $2 AND ($4::text IS NULL OR id > $4)
+  ORDER BY id LIMIT $3 + 1
+), shown AS (
+  SELECT * FROM page ORDER BY id LIMIT $3
+)
+SELECT json_build_object('data', json_build_object('pool', json_build_object(
+  'id', p.id,
+  'reservations', json_build_object(
+    'pageInfo', json_build_object(
+      'hasNextPage', (SELECT count(*) FROM page) > $3,
+      'hasPreviousPage', $4::text IS NOT NULL,
+      'startCursor', (SELECT {_CURSOR.format(id="min(id)")} FROM shown),
+      'endCursor', (SELECT {_CURSOR.format(id="max(id)")} FROM shown)),
+    'edges', COALESCE((SELECT json_agg(json_build_object(
+        'cursor', {_CURSOR.format(id="r.id")},
+        'node', json_build_object(
+          'id', r.id, 'poolId', r.pool_id, 'tenantId', r.tenant_id, 'state', upper(r.state),
+          'createdAt', {_TIMESTAMP.format(col="r.created_at")},
+          'endedAt', {_TIMESTAMP.format(col="r.ended_at")},
+          'resources', COALESCE((SELECT json_agg(json_build_object(
+              'resource', e.key, 'amount', e.value) ORDER BY e.n)
+            FROM jsonb_each(r.resources) WITH ORDINALITY AS e(key, value, n)), '[]')))
+      ORDER BY r.id) FROM shown r), '[]')))))::text
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = $1 WHERE p.id = $2
+"""
+
 
 # A statement's one value (the JSON text), or None when it returns no row.
 Fetch = Callable[..., Awaitable[str | None]]
@@ -202,6 +249,8 @@ class Statements:
     rest_explain: str  # tenant, pool, permission, caller, role
     lending: str  # tenant, first
     rest_lending: str  # tenant, first
+    rest_reservations: str  # tenant
+    pool_reservations: str  # tenant, pool, first, the id the page starts after (None: first)
 
 
 def floor_app(
@@ -245,6 +294,22 @@ def floor_app(
         body = await request.app.state.fetch(statements.quotas, request.query_params["tenant"])
         return Response(body, media_type="application/json")
 
+    async def rest_reservations(request: Request) -> Response:
+        tenant = request.query_params["tenant"]
+        body = await request.app.state.fetch(statements.rest_reservations, tenant)
+        return Response(body, media_type="application/json")
+
+    async def pool_reservations(request: Request) -> Response:
+        q = request.query_params
+        after = q.get("after")
+        after_id = None
+        if after:
+            after_id = base64.urlsafe_b64decode(after).decode().removeprefix("v1:")
+        body = await request.app.state.fetch(
+            statements.pool_reservations, q["tenant"], q["pool"], int(q["first"]), after_id
+        )
+        return Response(body, media_type="application/json")
+
     def one_pool_statement(statement: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             q = request.query_params
@@ -283,6 +348,8 @@ def floor_app(
             Route("/rest/pools/explain", access_statement(statements.rest_explain)),
             Route("/lending", lending_statement(statements.lending)),
             Route("/rest/pools/lending", lending_statement(statements.rest_lending)),
+            Route("/rest/reservations/list", rest_reservations),
+            Route("/reservations", pool_reservations),
         ],
         lifespan=lifespan,
     )
@@ -300,6 +367,8 @@ POSTGRESQL = Statements(
     REST_EXPLAIN,
     LENDING,
     REST_LENDING,
+    REST_RESERVATIONS,
+    POOL_RESERVATIONS,
 )
 POOL_SIZE = 16
 

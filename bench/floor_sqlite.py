@@ -179,6 +179,49 @@ SELECT {wrap}json_object('lending', (SELECT json_group_array(json_object(
 LENDING = _LENDING.format(wrap="json_object('data', ", unwrap=")")
 REST_LENDING = _LENDING.format(wrap="", unwrap="")
 
+# The tenant ?1's own reservations in every pool, in id order, as REST shows each
+# (`resources` the stored object, its text read as JSON).
+REST_RESERVATIONS = f"""
+SELECT json_object('reservations', (SELECT json_group_array(json_object(
+    'id', r.id, 'poolId', r.pool_id, 'tenantId', r.tenant_id, 'resources', json(r.resources),
+    'state', r.state, 'createdAt', {_TIMESTAMP.format(col="r.created_at")},
+    'endedAt', {_TIMESTAMP.format(col="r.ended_at")}))
+  FROM (SELECT * FROM reservations WHERE tenant_id = ?1 ORDER BY id) r))
+"""
+
+# Pool ?2 as the guest ?1 sees it with a page of its own reservations there: the first ?3
+# after the id ?4 (NULL: the first page), one more read to know a next page follows; each
+# an edge with its cursor, `resources` as GraphQL's list in the stored object's order
+# (json_each's rows in `id` order are its keys in the text's order).
+POOL_RESERVATIONS = f"""
+WITH page AS (
+  SELECT * FROM reservations
+  WHERE tenant_id = ?1 AND pool_id = ?2 AND (?4 IS NULL OR id > ?4)
+  ORDER BY id LIMIT ?3 + 1
+), shown AS (
+  SELECT * FROM page ORDER BY id LIMIT ?3
+)
+SELECT json_object('data', json_object('pool', json_object(
+  'id', p.id,
+  'reservations', json_object(
+    'pageInfo', json_object(
+      'hasNextPage', {_BOOLEAN.format("(SELECT count(*) FROM page) > ?3")},
+      'hasPreviousPage', {_BOOLEAN.format("?4 IS NOT NULL")},
+      'startCursor', (SELECT bench_cursor(min(id)) FROM shown),
+      'endCursor', (SELECT bench_cursor(max(id)) FROM shown)),
+    'edges', (SELECT json_group_array(json_object(
+        'cursor', bench_cursor(r.id),
+        'node', json_object(
+          'id', r.id, 'poolId', r.pool_id, 'tenantId', r.tenant_id, 'state', upper(r.state),
+          'createdAt', {_TIMESTAMP.format(col="r.created_at")},
+          'endedAt', {_TIMESTAMP.format(col="r.ended_at")},
+          'resources', (SELECT json_group_array(json_object(
+              'resource', e.key, 'amount', e.value))
+            FROM (SELECT key, value FROM json_each(r.resources) ORDER BY id) e))))
+      FROM (SELECT * FROM shown ORDER BY id) r)))))
+FROM pools p JOIN authz_rows a ON a.pool_id = p.id AND a.tenant_id = ?1 WHERE p.id = ?2
+"""
+
 SQLITE = Statements(
     DASHBOARD_PAGE,
     ONE_POOL,
@@ -191,6 +234,8 @@ SQLITE = Statements(
     REST_EXPLAIN,
     LENDING,
     REST_LENDING,
+    REST_RESERVATIONS,
+    POOL_RESERVATIONS,
 )
 # The service's reader engine keeps 4 connections (app/db/engine.py, `create_database`).
 CONNECTIONS = int(os.environ.get("BENCH_FLOOR_SQLITE_CONNECTIONS", "4"))

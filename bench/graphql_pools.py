@@ -1,8 +1,9 @@
 """Benchmark: the read path (GraphQL dashboard pages, one pool by GraphQL and by REST,
 REST's list, the tenant's quota rows, one pool's rollup by GraphQL and by REST, why the
 tenant may read a pool by GraphQL `access` and REST `pools/explain`, the owner's ranked
-capacity rows by GraphQL `lending` and REST `pools/lending`) against a floor, driven by a
-native load generator (printed figures, docs/performance.md),
+capacity rows by GraphQL `lending` and REST `pools/lending`, the tenant's reservations by
+REST `reservations/list` and one pool's first page of them by GraphQL `Pool.reservations`)
+against a floor, driven by a native load generator (printed figures, docs/performance.md),
 on PostgreSQL and on the embedded SQLite default, one table each.
 
     .venv/bin/python -m bench.graphql_pools                    # both, about 12 minutes
@@ -18,7 +19,9 @@ For each dialect, PostgreSQL first: creates a fresh database (PostgreSQL: a data
 dropped at the end; SQLite: a file in a temporary directory, the service's own URL form)
 and seeds 1,000 pools owned by a provider tenant, offered to four tenants who see the
 first 10, 100, 200 and 1,000 of them; each pool has 4 quota rows per tenant and 3 capacity
-rows. Starts the real service (`uvicorn --factory app.server:app_from_env`, one process,
+rows; the tenant that sees 100 has 40 reservations in the first pool, every fourth released
+(its quota rows and the pool's capacity rows carry the active ones' bookings). Starts
+the real service (`uvicorn --factory app.server:app_from_env`, one process,
 BETTERCOMPUTE_DATABASE_URL the database) and the floor (its own uvicorn process; one
 hand-written SQL statement per request builds the whole JSON answer: bench/floor.py
 through asyncpg, bench/floor_sqlite.py through aiosqlite on the same file), checks that
@@ -47,6 +50,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -65,6 +69,7 @@ from app.db.models import (
     Offer,
     Pool,
     QuotaRow,
+    Reservation,
     Site,
     Tenant,
     utcnow,
@@ -119,6 +124,22 @@ LENDING = """query Lending($tenantId: String!) {
   }
 }"""
 OWNER = "provider"  # owns every pool; `lending` runs as its admin
+# The one-pool tenant's reservations, all in the first pool (REST `reservations/list`
+# answers all of them; GraphQL a page of RESERVATIONS_PAGE, with a next page).
+RESERVATIONS = 40
+RESERVATIONS_PAGE = 20
+POOL_RESERVATIONS = """query PoolReservations($tenantId: String!, $poolId: ID!, $first: Int) {
+  pool(tenantId: $tenantId, poolId: $poolId) {
+    id
+    reservations(first: $first) {
+      pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+      edges {
+        cursor
+        node { id poolId tenantId state createdAt endedAt resources { resource amount } }
+      }
+    }
+  }
+}"""
 
 
 @dataclass(frozen=True)
@@ -156,13 +177,52 @@ def tenant_of(size: int) -> str:
     return f"tenant-{size}"
 
 
+def reservation_rows(pool_id: str, tenant: str, now: datetime) -> list[dict[str, Any]]:
+    """RESERVATIONS of `tenant` (booking against its own quota rows) in `pool_id`, as
+    create_reservation writes them, one a minute up to `now` in id order; every fourth
+    released as release_reservation leaves it (ended, a minute and a half on). Most book
+    one MIG slice, every tenth a whole GPU and a slice (an object of two keys)."""
+    rows = []
+    for k, rsv_id in enumerate(sorted(new_id("rsv") for _ in range(RESERVATIONS))):
+        created = now - timedelta(minutes=RESERVATIONS - k)
+        ended = k % 4 == 3
+        rows.append(
+            {
+                "id": rsv_id,
+                "pool_id": pool_id,
+                "tenant_id": tenant,
+                "quota_tenant_id": tenant,
+                "resources": {"gpu": 1, "gpu.mig": 1} if k % 10 == 0 else {"gpu.mig": 1},
+                "state": "ended" if ended else "active",
+                "created_at": created,
+                "ended_at": created + timedelta(seconds=90) if ended else None,
+            }
+        )
+    return rows
+
+
+def booked(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """What the active reservations among `rows` hold, by resource (a release gives its
+    bookings back)."""
+    held: dict[str, int] = {}
+    for row in rows:
+        if row["state"] == "active":
+            for resource, amount in row["resources"].items():
+                held[resource] = held.get(resource, 0) + amount
+    return held
+
+
 async def seed(url: str) -> Seeded:
     """Rows as the domain writes them (owner offer and authz row, guest offers, authz rows
-    and quota rows), inserted in bulk: the shape of the data is what is measured."""
+    and quota rows, one guest's reservations), inserted in bulk: the shape of the data is
+    what is measured."""
     db = create_database(url)
     now = utcnow()
     pools = sorted(new_id("pool") for _ in range(max(SIZES)))
     site = new_id("site")
+    guest = tenant_of(ONE_POOL_TENANT)
+    reservations = reservation_rows(pools[0], guest, now)
+    held = booked(reservations)
     rows: dict[Any, list[dict[str, Any]]] = {
         Tenant: [{"id": "provider"}] + [{"id": tenant_of(s)} for s in SIZES],
         Site: [{"id": site, "tenant_id": "provider", "kind": "custom", "region": "eu-west"}],
@@ -171,6 +231,7 @@ async def seed(url: str) -> Seeded:
         AuthzRow: [],
         QuotaRow: [],
         CapacityRow: [],
+        Reservation: reservations,
     }
     attrs = {"gpu_model": "H100", "pool_class": "metal-host", "sharing": "mig", "region": "eu-west"}
     for i, pool_id in enumerate(pools):
@@ -199,7 +260,7 @@ async def seed(url: str) -> Seeded:
                     "resource": resource,
                     "total": total,
                     "allocatable": total,
-                    "booked": i % 3,
+                    "booked": i % 3 + (held.get(resource, 0) if i == 0 else 0),
                 }
             )
         holders = ["provider"] + [tenant_of(s) for s in SIZES if i < s]
@@ -222,11 +283,12 @@ async def seed(url: str) -> Seeded:
                         "tenant_id": tenant,
                         "resource": resource,
                         "max": 64,
-                        "used": i % 5,
+                        "used": i % 5
+                        + (held.get(resource, 0) if i == 0 and tenant == guest else 0),
                     }
                 )
     async with db.writer.begin() as conn:
-        for model in (Tenant, Site, Pool, Offer, AuthzRow, QuotaRow, CapacityRow):
+        for model in (Tenant, Site, Pool, Offer, AuthzRow, QuotaRow, CapacityRow, Reservation):
             for start in range(0, len(rows[model]), 2000):
                 await conn.execute(insert(model), rows[model][start : start + 2000])
         # Fresh tables: give the planner its statistics, as autovacuum would soon.
@@ -485,10 +547,12 @@ def graphql_request(token: str, query: str, variables: dict[str, Any]) -> HttpRe
     )
 
 
-def rest_request(token: str, method: str, body: dict[str, Any]) -> HttpRequest:
+def rest_request(
+    token: str, method: str, body: dict[str, Any], resource: str = "pools"
+) -> HttpRequest:
     return HttpRequest(
         "POST",
-        f"/api/compute/pools/{method}",
+        f"/api/compute/{resource}/{method}",
         {"content-type": "application/json", "authorization": f"Bearer {token}"},
         json.dumps(body, separators=(",", ":")),
     )
@@ -589,6 +653,13 @@ async def one_pool_cases(
     lending_floor = floor_request("/lending", tenant=OWNER, first="50")
     rest_lending = rest_request(seeded.owner_token, "lending", {"tenantId": OWNER})
     rest_lending_floor = floor_request("/rest/pools/lending", tenant=OWNER, first="50")
+    own = rest_request(token, "list", {"tenantId": tenant}, resource="reservations")
+    own_floor = floor_request("/rest/reservations/list", tenant=tenant)
+    page = {"tenantId": tenant, "poolId": pool, "first": RESERVATIONS_PAGE}
+    pool_reservations = graphql_request(token, POOL_RESERVATIONS, page)
+    pool_reservations_floor = floor_request(
+        "/reservations", tenant=tenant, pool=pool, first=str(RESERVATIONS_PAGE)
+    )
     for ours, theirs, key in (
         (small, small_floor, "data"),
         (rest, rest_floor, "pool"),
@@ -600,6 +671,8 @@ async def one_pool_cases(
         (explain, explain_floor, "access"),
         (lending, lending_floor, "data"),
         (rest_lending, rest_lending_floor, "lending"),
+        (own, own_floor, "reservations"),
+        (pool_reservations, pool_reservations_floor, "data"),
     ):
         answer, floor_answer = await send(service, ours), await send(floor, theirs)
         if answer.get(key) is None or not same_data(answer[key], floor_answer.get(key)):
@@ -636,6 +709,18 @@ async def one_pool_cases(
             "rest",
             [rest_lending],
             [rest_lending_floor],
+        ),
+        Case(
+            f"reservations, REST reservations/list ({RESERVATIONS})",
+            "rest",
+            [own],
+            [own_floor],
+        ),
+        Case(
+            f"a pool's reservations (GraphQL, {RESERVATIONS_PAGE} of {RESERVATIONS})",
+            "graphql",
+            [pool_reservations],
+            [pool_reservations_floor],
         ),
     ]
 

@@ -136,6 +136,8 @@ async def test_the_quick_run_prints_every_row(
         "why it may read a pool, REST pools/explain",
         "the owner's lending, GraphQL (1,000 pools)",
         "the owner's lending, REST pools/lending (1,000 pools)",
+        "reservations, REST reservations/list (40)",
+        "a pool's reservations (GraphQL, 20 of 40)",
         "dashboard, 10 pools",
         "dashboard, 1,000 pools (10 pages of 100)",
     ):
