@@ -52,13 +52,14 @@ class Served:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang, not the speed: a busy machine starts slowly
         while True:
             try:
                 if httpx.get(f"{self.base}/healthz").status_code == 200:
                     return
             except httpx.TransportError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()  # never left running for the garbage collector to find
                     raise
                 time.sleep(0.1)
 
