@@ -12,7 +12,7 @@ was read. Every reader (the relay, a resuming subscriber) relies on that
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +30,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -40,10 +39,10 @@ from app.db.models import Event, EventAudience, EventsPruned
 from app.events.cursor import (
     BIGINT_MAX,
     START,
+    DeliveryState,
     Position,
     as_position,
-    encode_cursor,
-    encode_usage_cursor,
+    encode_state,
 )
 
 
@@ -114,6 +113,9 @@ class OutboxEvent:
     # A `pool.usage` event (never in the outbox): the usage horizon its cursor carries;
     # its position is the last outbox event its subscription had delivered (relay.py).
     usage: int | None = None
+    # The reader's delivery state just after this event (cursor.py), which its cursor
+    # carries; None: (its position, nothing above it).
+    state: DeliveryState | None = None
     # What is read for this event once and shared by every subscriber it is shown to
     # (app/capacity/event_reads.py): an init field, so a reduced view made with
     # `dataclasses.replace` shares the same dict.
@@ -129,9 +131,8 @@ class OutboxEvent:
 
     @property
     def cursor(self) -> str:
-        if self.usage is not None:
-            return encode_usage_cursor(self.position, self.usage)
-        return encode_cursor(self.position)
+        state = self.state if self.state is not None else DeliveryState(self.position)
+        return encode_state(state, self.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,30 +171,6 @@ async def outbox_bounds(executor: Executor) -> Bounds:
     oldest_at = None if row[2] is None else Position(row[2], row[3])
     newest_at = pruned_at if row[0] is None else max(Position(row[0], row[1]), pruned_at)
     return Bounds(oldest=oldest_at, newest=newest_at, pruned=pruned_at)
-
-
-# How many pools' committed-above-the-horizon events a new subscription remembers (below).
-COMMITTED_AHEAD_POOLS = 10_000
-
-
-async def committed_ahead(executor: Executor) -> dict[str, Position]:
-    """Per pool, the newest event already committed above the horizon: a subscription
-    opened now starts at the newest position below it, and these events, committed before
-    it opened, are not its to deliver. A pool's positions follow its commit order
-    (outbox.py), so every later event of that pool sits above the one given here. On
-    PostgreSQL run it in the snapshot that read the start (REPEATABLE READ); SQLite has
-    no horizon and answers nothing. At most COMMITTED_AHEAD_POOLS pools (a horizon held
-    back that long by one transaction): beyond them a new subscription may also receive
-    an event committed just before it opened, never miss one committed after."""
-    newest = (
-        select(Event.pool_id, Event.tx, Event.seq)
-        .where(Event.tx >= Horizon())
-        .ext(distinct_on(Event.pool_id))
-        .order_by(Event.pool_id, Event.tx.desc(), Event.seq.desc())
-        .limit(COMMITTED_AHEAD_POOLS)
-    )
-    rows = (await executor.execute(newest)).all()
-    return {pool_id: Position(tx, seq) for pool_id, tx, seq in rows}
 
 
 class NextXid(FunctionElement[int]):
@@ -265,6 +242,73 @@ async def read_events(
     )
     if upto is not None:
         query = query.where(_position() <= _at(upto))
+    rows = (await executor.execute(_narrowed(query, tenants, pool_id, types))).all()
+    return await _events(executor, rows, tenants)
+
+
+_HORIZON = select(Horizon())
+
+
+async def read_uncovered(
+    executor: Executor, state: DeliveryState, *, limit: int
+) -> tuple[list[OutboxEvent], int]:
+    """Visible (committed) events not covered by `state`, above the horizon too, in
+    position order, at most `limit`; and the horizon of the same snapshot (one statement;
+    a second, the horizon alone, when no event is read and D has something to settle).
+    `cursor.advance` decides what of it is delivered."""
+    query = (
+        select(Event.__table__, Horizon().label("read_horizon"))
+        .where(_position() > _at(state.settled))
+        .order_by(Event.tx, Event.seq)
+        .limit(limit)
+    )
+    if state.ahead:
+        query = query.where(Event.seq.not_in([d.seq for d in state.ahead]))
+    rows = (await executor.execute(query)).all()
+    if rows:
+        horizon = int(rows[0].read_horizon)
+    elif state.ahead:
+        horizon = int((await executor.execute(_HORIZON)).scalar_one())
+    else:
+        horizon = 0  # nothing read, nothing to settle
+    return await _events(executor, rows, None), horizon
+
+
+async def read_between(
+    executor: Executor,
+    state: DeliveryState,
+    target: DeliveryState,
+    *,
+    limit: int,
+    tenants: Collection[str] | None = None,
+    pool_id: str | None = None,
+    types: Collection[str] | None = None,
+) -> list[OutboxEvent]:
+    """The events `target` covers and `state` does not, in position order, at most `limit`
+    (a replay behind the relay: every one of them is committed, as the relay read it).
+    Filtered as `read_events` is."""
+    settled = _position() <= _at(target.settled)
+    if target.ahead:
+        settled = settled | Event.seq.in_([d.seq for d in target.ahead])
+    query = (
+        select(Event.__table__)
+        .where(_position() > _at(state.settled), settled)
+        .order_by(Event.tx, Event.seq)
+        .limit(limit)
+    )
+    if state.ahead:
+        query = query.where(Event.seq.not_in([d.seq for d in state.ahead]))
+    return await _events(
+        executor, (await executor.execute(_narrowed(query, tenants, pool_id, types))).all(), tenants
+    )
+
+
+def _narrowed(
+    query: Any,
+    tenants: Collection[str] | None,
+    pool_id: str | None,
+    types: Collection[str] | None,
+) -> Any:
     if pool_id is not None:
         query = query.where(Event.pool_id == pool_id)
     if types is not None:
@@ -273,7 +317,12 @@ async def read_events(
         query = query.where(
             exists().where(EventAudience.seq == Event.seq, EventAudience.tenant_id.in_(tenants))
         )
-    rows = (await executor.execute(query)).all()
+    return query
+
+
+async def _events(
+    executor: Executor, rows: Sequence[Any], tenants: Collection[str] | None
+) -> list[OutboxEvent]:
     if not rows:
         return []
     audiences = await _audiences(executor, [r.seq for r in rows], tenants)
