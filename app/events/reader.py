@@ -1,11 +1,14 @@
-"""Reading the outbox in position order, behind the transaction-id horizon.
+"""Reading the outbox in position order, and the transaction-id horizon.
 
-A reader reads only positions (tx, seq) with `tx` below the horizon (`PG_HORIZON`: every
-transaction of this database with a smaller id has ended; no bound on SQLite, where tx is
-always 0 and one writer at a time gives commit order). A transaction still running, or one
-that gets its id later, writes only positions at or above the horizon read with it, so
-"every event after position P", read now, is complete: nothing can still appear below what
-was read. Every reader (the relay, a resuming subscriber) relies on that
+The relay reads every committed event its delivery state does not cover, above the
+horizon too (`read_uncovered`, with the horizon of the same snapshot: what settles L,
+cursor.advance); a replay reads what the relay covered (`read_between`). What follows is
+what L rests on. `read_events` reads only positions (tx, seq) with `tx` below the horizon
+(`PG_HORIZON`: every transaction of this database with a smaller id has ended; no bound
+on SQLite, where tx is always 0 and one writer at a time gives commit order). A
+transaction still running, or one that gets its id later, writes only positions at or
+above the horizon read with it, so "every event after position P" below it, read now, is
+complete: nothing can still appear below what was read
 (docs/decisions/0012-commit-ordered-positions.md).
 """
 

@@ -17,17 +17,20 @@ out to this process's subscriptions.
 Who may read each event, and what of it, is the domain's rule: the relay is given it as
 `visibility` (app/events/delivery.py) and asks it once per batch it reads.
 
-Exactly once, in order: a subscription delivers only positions above the last one it
-delivered, and it switches from the outbox to its mailbox only once it has read the
-outbox up to the relay's cursor, so every later position reaches its mailbox. Both reads
-are complete up to what they return because they stay below the transaction-id horizon
-(reader.py; docs/decisions/0012-commit-ordered-positions.md).
+Exactly once, every pool's in commit order (docs/decisions/0012-commit-ordered-positions.md,
+"Delivery above the horizon"): the relay and each subscription keep a delivery state
+(L, D) (cursor.py), and each read takes the visible events that state does not cover, in
+position order, above the transaction-id horizon too (at most MAX_AHEAD of them above L;
+past that, the rest wait for the horizon). A subscription that is not live replays
+behind the relay: only what the relay's state covers and its own does not, and it takes
+its mailbox once its state is the relay's (checked with no await before `live = True`),
+so every event the relay reads afterwards is mailed to it and none it delivered is. Live,
+an event carries the relay's state after it, which is the subscription's too: one cursor
+for every subscriber, so rendered frames stay shared.
 
-A commit's wake-up may arrive while its event is still above the horizon (a transaction
-with a smaller id, possibly one that writes no event, is still running): the relay then
-reads again after a short, growing pause (1 ms doubling to 20 ms) until it has read the
-newest position it was told of and no committed event waits above the horizon, so
-delivery follows the horizon closely even when a wake-up was lost.
+While the relay's D is not empty (events delivered above the horizon), or its bound
+stopped a read, it reads again after a short, growing pause (1 ms doubling to 20 ms), so
+L follows the horizon even when no wake-up comes.
 
 `pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
 `usage_interval_s` the relay reads a usage horizon and the rows a booking or release
