@@ -350,6 +350,7 @@ class Relay(Generic[F]):
         # The last drain left committed events above the horizon (in D, waiting for it to
         # pass them, or beyond D's bound): look again soon.
         self._above_horizon = False
+        self.blocked_reads = 0  # reads D's bound stopped (the rest waited for the horizon)
         self.newest_known = START  # the newest committed position a wake-up or a read told of
         self.caught_up_at: float | None = None  # loop time the relay last read to the end
 
@@ -560,6 +561,7 @@ class Relay(Generic[F]):
                 self._fan_out(taken, shown_events)
             self.state = after
             blocked = len(taken) < len(events)  # D is full: the rest waits for the horizon
+            self.blocked_reads += blocked
             self._above_horizon = bool(after.ahead) or blocked
             if complete or blocked:
                 self._last_good_drain = number
