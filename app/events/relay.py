@@ -189,6 +189,9 @@ class Subscription(Generic[F]):
         # Resumed, or overflowed: catching up on usage until a read reaches the horizon.
         self.usage_behind = usage_behind
         self.live = False
+        # Replaying toward a state the relay had: the relay mails what it reads after it
+        # (stream, "joining"); cleared by the relay when the mailbox overflows.
+        self.joining = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
         self.evicted = False
@@ -212,18 +215,29 @@ class Subscription(Generic[F]):
                     if not self.state.within(target):
                         await relay.reach(self.state)  # a cursor ahead of this relay
                         continue
-                    page, complete = await relay.replay_page(self, target)
-                    for event, state in page:
-                        if event is not None:
-                            self._waiting_since = loop.time()
-                            yield event
-                            self._waiting_since = None
-                        self.state = state
+                    # From here the relay mails us every event it reads after `target`
+                    # (its fan-out and its state move together, with no await between),
+                    # so once the replay has covered `target` we join whatever the relay
+                    # did meanwhile: no race to be level with it again, which a relay
+                    # that moves on every few milliseconds could win forever.
+                    self.mailbox.reset()
+                    self.joining = True
+                    try:
+                        page, complete = await relay.replay_page(self, target)
+                        for event, state in page:
+                            if event is not None:
+                                self._waiting_since = loop.time()
+                                yield event
+                                self._waiting_since = None
+                            self.state = state
+                    except BaseException:
+                        self.joining = False
+                        raise
+                    joined, self.joining = self.joining, False
                     if complete:
                         self.state = target  # every event it covers, we have too
-                        if relay.state == target:  # no await since: nothing fanned out
-                            self.mailbox.reset()
-                            self.live = True  # from here every event the relay reads is mailed
+                        if joined:  # the mailbox holds every event read after `target`
+                            self.live = True
                     continue
                 mailed = await self.mailbox.get()
                 if mailed is None:
@@ -252,6 +266,11 @@ class Subscription(Generic[F]):
 
     def offer(self, event: OutboxEvent) -> bool:
         """False when the mailbox overflowed (the subscription resyncs)."""
+        if self.joining:
+            if not self.mailbox.put(event):
+                self.joining = False  # dropped: the join starts again from a new target
+                return False
+            return True
         if self.live and not self.mailbox.put(event):
             self.live = False
             self.resyncs += 1
@@ -577,7 +596,7 @@ class Relay(Generic[F]):
         for event in events:
             metrics.relay_delivered(event.occurred_at.timestamp())
             for subscription in self._audience_subscriptions(event):
-                if not subscription.live:
+                if not (subscription.live or subscription.joining):
                     continue
                 # Each subscription gets the event as its caller may read it.
                 shown = shown_events.readable(event, subscription.filter)

@@ -193,3 +193,45 @@ async def test_cursors_spelled_before_d_still_resume_exactly(
         assert got == list(range(start or 0, 6)), name
         await resumed.close()
     await watching.close()
+
+
+async def test_a_resumed_subscription_goes_live_while_writes_keep_coming(
+    app: Starlette, api: Api, fleet: Fleet
+) -> None:
+    """A subscription resumed while a writer commits without pause joins the relay (it is
+    mailed what the relay reads during its replay) and goes live while the writes go on,
+    then receives every later event exactly once, in each pool's order. Before, a resumed
+    subscription went live only if the relay had not moved during its last replay read,
+    which a relay fed every few milliseconds could keep from happening."""
+    s = await Scene.start(api, fleet)
+    capacity: Capacity = app.state.capacity
+    relay: Relay = app.state.relay
+    pools = [(await s.pool())["id"] for _ in range(3)]
+    watching = await subscribe(app, s.token, "acme")
+    writing = asyncio.Event()
+    written = [0]
+
+    async def writer() -> None:
+        while not writing.is_set():
+            pool_id = pools[written[0] % len(pools)]
+            await emit_updates(capacity, pool_id, "acme", 1, start=written[0])
+            written[0] += 1
+
+    task = asyncio.create_task(writer())
+    try:
+        await wait_until(lambda: len(watching.events) >= 5)
+        resumed = await subscribe(app, s.token, "acme", after=watching.events[2].cursor)
+        # Live while the writer goes on: two subscriptions level with the relay.
+        await wait_until(lambda: relay.live_subscriptions == 2, within_s=60)
+        at_join = written[0]
+        await wait_until(lambda: written[0] >= at_join + 20, within_s=60)
+        assert relay.live_subscriptions == 2
+    finally:
+        writing.set()
+        await task
+    await settle(app, watching, resumed)
+    later = watching.events[3:]
+    assert Counter(map(_key, resumed.events)) == Counter(map(_key, later))
+    assert _per_pool(resumed.events) == _per_pool(later)
+    await resumed.close()
+    await watching.close()
