@@ -162,9 +162,11 @@ def _script(
             current = "currval(pg_get_serial_sequence('events', 'seq'))"
             s = re.sub(r"VALUES \((\d+)", f"VALUES ({current}", s)
             s = re.sub(r"unnest\('\{\d+\}'::BIGINT\[\]\)", current, s)
-        if s.startswith("INSERT INTO events") and stamp:  # occurred_at: when it was written
+        # The event's INSERT, alone or (since event and audience are one statement) in a CTE.
+        writes_event = "INSERT INTO events " in s
+        if writes_event and stamp:  # occurred_at: when it was written
             s = re.sub(r"'[^']*'::TIMESTAMP WITH TIME ZONE", "clock_timestamp()", s, count=1)
-        if s.startswith("INSERT INTO events") and variant != "new":
+        if writes_event and variant != "new":
             s = re.sub(r"greatest\(pg_current_xact_id\(\)::text::bigint, \(SELECT .*?\)\)", "0", s)
             if variant == "old":
                 lines.append(f"SELECT pg_advisory_xact_lock({OLD_LOCK_KEY});")
@@ -257,6 +259,7 @@ async def _delivery(
             await capacity.update_pool(principal, _update(pool_id, n))
 
     await asyncio.gather(*(writer(p) for p in pools))
+    print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not set(committed) <= set(received):  # noqa: ASYNC110
         await asyncio.sleep(0.01)
@@ -285,6 +288,7 @@ async def _delivery_from_pgbench(
 
     reader = asyncio.create_task(read())
     tps, _ = await _pgbench(url, script, clients, seconds)
+    print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
     await asyncio.sleep(1.0)  # the last commits' events
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)

@@ -1,18 +1,21 @@
-"""Reading the outbox in position order, behind the transaction-id horizon.
+"""Reading the outbox in position order, and the transaction-id horizon.
 
-A reader reads only positions (tx, seq) with `tx` below the horizon (`PG_HORIZON`: every
-transaction of this database with a smaller id has ended; no bound on SQLite, where tx is
-always 0 and one writer at a time gives commit order). A transaction still running, or one
-that gets its id later, writes only positions at or above the horizon read with it, so
-"every event after position P", read now, is complete: nothing can still appear below what
-was read. Every reader (the relay, a resuming subscriber) relies on that
+The relay reads every committed event its delivery state does not cover, above the
+horizon too (`read_uncovered`, with the horizon of the same snapshot: what settles L,
+cursor.advance); a replay reads what the relay covered (`read_between`). What follows is
+what L rests on. `read_events` reads only positions (tx, seq) with `tx` below the horizon
+(`PG_HORIZON`: every transaction of this database with a smaller id has ended; no bound
+on SQLite, where tx is always 0 and one writer at a time gives commit order). A
+transaction still running, or one that gets its id later, writes only positions at or
+above the horizon read with it, so "every event after position P" below it, read now, is
+complete: nothing can still appear below what was read
 (docs/decisions/0012-commit-ordered-positions.md).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +33,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
@@ -40,10 +42,10 @@ from app.db.models import Event, EventAudience, EventsPruned
 from app.events.cursor import (
     BIGINT_MAX,
     START,
+    DeliveryState,
     Position,
     as_position,
-    encode_cursor,
-    encode_usage_cursor,
+    encode_state,
 )
 
 
@@ -114,6 +116,9 @@ class OutboxEvent:
     # A `pool.usage` event (never in the outbox): the usage horizon its cursor carries;
     # its position is the last outbox event its subscription had delivered (relay.py).
     usage: int | None = None
+    # The reader's delivery state just after this event (cursor.py), which its cursor
+    # carries; None: (its position, nothing above it).
+    state: DeliveryState | None = None
     # What is read for this event once and shared by every subscriber it is shown to
     # (app/capacity/event_reads.py): an init field, so a reduced view made with
     # `dataclasses.replace` shares the same dict.
@@ -129,9 +134,8 @@ class OutboxEvent:
 
     @property
     def cursor(self) -> str:
-        if self.usage is not None:
-            return encode_usage_cursor(self.position, self.usage)
-        return encode_cursor(self.position)
+        state = self.state if self.state is not None else DeliveryState(self.position)
+        return encode_state(state, self.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,30 +174,6 @@ async def outbox_bounds(executor: Executor) -> Bounds:
     oldest_at = None if row[2] is None else Position(row[2], row[3])
     newest_at = pruned_at if row[0] is None else max(Position(row[0], row[1]), pruned_at)
     return Bounds(oldest=oldest_at, newest=newest_at, pruned=pruned_at)
-
-
-# How many pools' committed-above-the-horizon events a new subscription remembers (below).
-COMMITTED_AHEAD_POOLS = 10_000
-
-
-async def committed_ahead(executor: Executor) -> dict[str, Position]:
-    """Per pool, the newest event already committed above the horizon: a subscription
-    opened now starts at the newest position below it, and these events, committed before
-    it opened, are not its to deliver. A pool's positions follow its commit order
-    (outbox.py), so every later event of that pool sits above the one given here. On
-    PostgreSQL run it in the snapshot that read the start (REPEATABLE READ); SQLite has
-    no horizon and answers nothing. At most COMMITTED_AHEAD_POOLS pools (a horizon held
-    back that long by one transaction): beyond them a new subscription may also receive
-    an event committed just before it opened, never miss one committed after."""
-    newest = (
-        select(Event.pool_id, Event.tx, Event.seq)
-        .where(Event.tx >= Horizon())
-        .ext(distinct_on(Event.pool_id))
-        .order_by(Event.pool_id, Event.tx.desc(), Event.seq.desc())
-        .limit(COMMITTED_AHEAD_POOLS)
-    )
-    rows = (await executor.execute(newest)).all()
-    return {pool_id: Position(tx, seq) for pool_id, tx, seq in rows}
 
 
 class NextXid(FunctionElement[int]):
@@ -265,6 +245,77 @@ async def read_events(
     )
     if upto is not None:
         query = query.where(_position() <= _at(upto))
+    rows = (await executor.execute(_narrowed(query, tenants, pool_id, types))).all()
+    return await _events(executor, rows, tenants)
+
+
+async def read_uncovered(
+    executor: Executor, state: DeliveryState, *, limit: int
+) -> tuple[list[OutboxEvent], int]:
+    """Visible (committed) events not covered by `state`, above the horizon too, in
+    position order, at most `limit`; and the horizon of the same snapshot (one statement).
+    `cursor.advance` decides what of it is delivered.
+
+    With no event read and D not empty, a second statement reads the horizon, and whether
+    any uncovered event is visible, in one snapshot of its own: a horizon from another
+    snapshot than the read's could pass an event that committed between the two (seen:
+    the two-process test lost events so). If one is visible now, the horizon given is 0
+    (nothing settles; the next read takes it)."""
+    uncovered = _position() > _at(state.settled)
+    if state.ahead:
+        uncovered = uncovered & Event.seq.not_in([d.seq for d in state.ahead])
+    query = (
+        select(Event.__table__, Horizon().label("read_horizon"))
+        .where(uncovered)
+        .order_by(Event.tx, Event.seq)
+        .limit(limit)
+    )
+    rows = (await executor.execute(query)).all()
+    if rows:
+        horizon = int(rows[0].read_horizon)
+    elif state.ahead:
+        row = (await executor.execute(select(Horizon(), exists().where(uncovered)))).one()
+        horizon = 0 if row[1] else int(row[0])
+    else:
+        horizon = 0  # nothing read, nothing to settle
+    return await _events(executor, rows, None), horizon
+
+
+async def read_between(
+    executor: Executor,
+    state: DeliveryState,
+    target: DeliveryState,
+    *,
+    limit: int,
+    tenants: Collection[str] | None = None,
+    pool_id: str | None = None,
+    types: Collection[str] | None = None,
+) -> list[OutboxEvent]:
+    """The events `target` covers and `state` does not, in position order, at most `limit`
+    (a replay behind the relay: every one of them is committed, as the relay read it).
+    Filtered as `read_events` is."""
+    settled = _position() <= _at(target.settled)
+    if target.ahead:
+        settled = settled | Event.seq.in_([d.seq for d in target.ahead])
+    query = (
+        select(Event.__table__)
+        .where(_position() > _at(state.settled), settled)
+        .order_by(Event.tx, Event.seq)
+        .limit(limit)
+    )
+    if state.ahead:
+        query = query.where(Event.seq.not_in([d.seq for d in state.ahead]))
+    return await _events(
+        executor, (await executor.execute(_narrowed(query, tenants, pool_id, types))).all(), tenants
+    )
+
+
+def _narrowed(
+    query: Any,
+    tenants: Collection[str] | None,
+    pool_id: str | None,
+    types: Collection[str] | None,
+) -> Any:
     if pool_id is not None:
         query = query.where(Event.pool_id == pool_id)
     if types is not None:
@@ -273,7 +324,12 @@ async def read_events(
         query = query.where(
             exists().where(EventAudience.seq == Event.seq, EventAudience.tenant_id.in_(tenants))
         )
-    rows = (await executor.execute(query)).all()
+    return query
+
+
+async def _events(
+    executor: Executor, rows: Sequence[Any], tenants: Collection[str] | None
+) -> list[OutboxEvent]:
     if not rows:
         return []
     audiences = await _audiences(executor, [r.seq for r in rows], tenants)

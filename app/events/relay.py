@@ -17,17 +17,20 @@ out to this process's subscriptions.
 Who may read each event, and what of it, is the domain's rule: the relay is given it as
 `visibility` (app/events/delivery.py) and asks it once per batch it reads.
 
-Exactly once, in order: a subscription delivers only positions above the last one it
-delivered, and it switches from the outbox to its mailbox only once it has read the
-outbox up to the relay's cursor, so every later position reaches its mailbox. Both reads
-are complete up to what they return because they stay below the transaction-id horizon
-(reader.py; docs/decisions/0012-commit-ordered-positions.md).
+Exactly once, every pool's in commit order (docs/decisions/0012-commit-ordered-positions.md,
+"Delivery above the horizon"): the relay and each subscription keep a delivery state
+(L, D) (cursor.py), and each read takes the visible events that state does not cover, in
+position order, above the transaction-id horizon too (at most MAX_AHEAD of them above L;
+past that, the rest wait for the horizon). A subscription that is not live replays
+behind the relay: only what the relay's state covers and its own does not, and it takes
+its mailbox once its state is the relay's (checked with no await before `live = True`),
+so every event the relay reads afterwards is mailed to it and none it delivered is. Live,
+an event carries the relay's state after it, which is the subscription's too: one cursor
+for every subscriber, so rendered frames stay shared.
 
-A commit's wake-up may arrive while its event is still above the horizon (a transaction
-with a smaller id, possibly one that writes no event, is still running): the relay then
-reads again after a short, growing pause (1 ms doubling to 20 ms) until it has read the
-newest position it was told of and no committed event waits above the horizon, so
-delivery follows the horizon closely even when a wake-up was lost.
+While the relay's D is not empty (events delivered above the horizon), or its bound
+stopped a read, it reads again after a short, growing pause (1 ms doubling to 20 ms), so
+L follows the horizon even when no wake-up comes.
 
 `pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
 `usage_interval_s` the relay reads a usage horizon and the rows a booking or release
@@ -64,16 +67,22 @@ from app import metrics
 from app.config import Settings
 from app.db.engine import Database
 from app.errors import InvalidInput, InvalidState
-from app.events.cursor import START, Position, ResumePoint
+from app.events.cursor import (
+    START,
+    DeliveryState,
+    Position,
+    ResumePoint,
+    advance,
+    covered_between,
+)
 from app.events.delivery import F, ShownEvents, ShownUsage, Visibility
 from app.events.reader import (
     OutboxEvent,
-    committed_above_horizon,
-    committed_ahead,
     issued_bounds,
     outbox_bounds,
     prune_events,
-    read_events,
+    read_between,
+    read_uncovered,
 )
 from app.events.tasks import cancel_and_wait
 from app.events.usage import (
@@ -165,17 +174,13 @@ class Subscription(Generic[F]):
         self,
         relay: Relay[F],
         event_filter: F,
-        start: Position,
-        ahead: dict[str, Position] | None = None,
+        start: DeliveryState,
         usage_from: int | None = None,
         usage_behind: bool = False,
     ) -> None:
         self.filter = event_filter
-        self.last = start  # everything up to here is delivered or not for us
-        # Per pool, events up to here committed before the subscription opened, above
-        # `start` (reader.committed_ahead): not delivered. Dropped once passed.
-        self._ahead = ahead or {}
-        self._ahead_until = max(self._ahead.values(), default=START)
+        # Every event this state covers is delivered or not for us (cursor.py).
+        self.state = start
         # `pool.usage`: every change up to the mark `usage_at` was offered to us, every one
         # stamped below `usage_delivered` delivered (module docstring). None: it takes none.
         self.wants_usage = event_filter.types is None or USAGE_EVENT in event_filter.types
@@ -184,6 +189,9 @@ class Subscription(Generic[F]):
         # Resumed, or overflowed: catching up on usage until a read reaches the horizon.
         self.usage_behind = usage_behind
         self.live = False
+        # Replaying toward a state the relay had: the relay mails what it reads after it
+        # (stream, "joining"); cleared by the relay when the mailbox overflows.
+        self.joining = False
         self.mailbox = Mailbox(relay.queue_size)
         self.on_evict: Callable[[], None] | None = None
         self.evicted = False
@@ -201,18 +209,35 @@ class Subscription(Generic[F]):
         try:
             while True:
                 if not self.live:
-                    page, covered, complete = await relay.replay_page(self)
-                    for event in page:
-                        if self._before_open(event):
-                            continue
-                        self._waiting_since = loop.time()
-                        yield event
-                        self._waiting_since = None
-                        self.last = event.position
-                    self.last = max(self.last, covered)
-                    if complete and self.last >= relay.cursor:
-                        self.mailbox.reset()
-                        self.live = True  # from here every position above relay.cursor is mailed
+                    # Replay behind the relay (ADR 0012, "The handover"): only what the
+                    # relay has covered, so that once level the two states are one.
+                    target = relay.state
+                    if not self.state.within(target):
+                        await relay.reach(self.state)  # a cursor ahead of this relay
+                        continue
+                    # From here the relay mails us every event it reads after `target`
+                    # (its fan-out and its state move together, with no await between),
+                    # so once the replay has covered `target` we join whatever the relay
+                    # did meanwhile: no race to be level with it again, which a relay
+                    # that moves on every few milliseconds could win forever.
+                    self.mailbox.reset()
+                    self.joining = True
+                    try:
+                        page, complete = await relay.replay_page(self, target)
+                        for event, state in page:
+                            if event is not None:
+                                self._waiting_since = loop.time()
+                                yield event
+                                self._waiting_since = None
+                            self.state = state
+                    except BaseException:
+                        self.joining = False
+                        raise
+                    joined, self.joining = self.joining, False
+                    if complete:
+                        self.state = target  # every event it covers, we have too
+                        if joined:  # the mailbox holds every event read after `target`
+                            self.live = True
                     continue
                 mailed = await self.mailbox.get()
                 if mailed is None:
@@ -221,31 +246,31 @@ class Subscription(Generic[F]):
                     # State, not history: positioned at our last outbox event, so its
                     # cursor resumes the outbox exactly; its own reads and renderings,
                     # as the cursor is ours alone.
-                    usage = replace(mailed, tx=self.last.tx, seq=self.last.seq, reads={})
+                    at = self.state.settled
+                    usage = replace(mailed, tx=at.tx, seq=at.seq, state=self.state, reads={})
                     self._waiting_since = loop.time()
                     yield usage
                     self._waiting_since = None
                     self.usage_delivered = mailed.usage
                     continue
-                if mailed.position <= self.last or self._before_open(mailed):
-                    continue
+                if self.state.covers(mailed.position):
+                    continue  # never, as the relay reads each event once; kept as a guard
                 self._waiting_since = loop.time()
                 yield mailed
                 self._waiting_since = None
-                self.last = mailed.position
+                # The relay's state after it: ours was the relay's when we joined, and
+                # since then the relay read only what it mailed or what is not for us.
+                self.state = mailed.state or DeliveryState(mailed.position)
         finally:
             relay.detach(self)
 
-    def _before_open(self, event: OutboxEvent) -> bool:
-        if not self._ahead:
-            return False
-        if self.last >= self._ahead_until:
-            self._ahead = {}  # every such event is behind us now
-            return False
-        return event.position <= self._ahead.get(event.pool_id, START)
-
     def offer(self, event: OutboxEvent) -> bool:
         """False when the mailbox overflowed (the subscription resyncs)."""
+        if self.joining:
+            if not self.mailbox.put(event):
+                self.joining = False  # dropped: the join starts again from a new target
+                return False
+            return True
         if self.live and not self.mailbox.put(event):
             self.live = False
             self.resyncs += 1
@@ -313,7 +338,8 @@ class Relay(Generic[F]):
         self.usage_rounds = 0  # usage rounds that read changes (for tests)
         self.usage_rows_read = 0  # rows the usage rounds read, in all
         self.usage_rows_most = 0  # the most rows one usage round read
-        self.cursor = START  # every event up to here has been offered to the subscriptions
+        # What the relay has offered to the subscriptions (cursor.py): (L, D).
+        self.state = DeliveryState(START)
         self.db = db
         self._visibility = visibility
         # The relay's reads, one wake-up at a time: on PostgreSQL without a transaction
@@ -336,11 +362,21 @@ class Relay(Generic[F]):
         self._tasks: list[asyncio.Task[None]] = []
         self._cursor_ready = False
         self._cursor_lock = asyncio.Lock()
-        # The last drain left committed events above the horizon (a wake-up may have been
-        # lost, so the relay does not know their positions): look again soon.
+        # One drain at a time: the loop's, and those asked for by `fresh_drain`.
+        self._drain_lock = asyncio.Lock()
+        self._drains_started = 0
+        self._last_good_drain = 0  # the number of the last drain that ended without error
+        # The last drain left committed events above the horizon (in D, waiting for it to
+        # pass them, or beyond D's bound): look again soon.
         self._above_horizon = False
+        self.blocked_reads = 0  # reads D's bound stopped (the rest waited for the horizon)
         self.newest_known = START  # the newest committed position a wake-up or a read told of
         self.caught_up_at: float | None = None  # loop time the relay last read to the end
+
+    @property
+    def cursor(self) -> Position:
+        """The newest position the relay has offered."""
+        return self.state.newest
 
     @property
     def cursor_ready(self) -> bool:
@@ -374,7 +410,7 @@ class Relay(Generic[F]):
 
     def wake(self, position: Position | None) -> None:
         """A wake-up: the newest position committed somewhere, None means "check"."""
-        if position is None or position > self.cursor:
+        if position is None or not self.state.covers(position):
             self._wanted.set()
         if position is not None and position > self.newest_known:
             self.newest_known = position
@@ -385,7 +421,7 @@ class Relay(Generic[F]):
         """Events committed (as far as this process knows) that it has not relayed yet:
         0 when level, else at least 1 (seqs are drawn before commit, so the count is
         approximate)."""
-        if self.newest_known <= self.cursor:
+        if self.state.covers(self.newest_known):
             return 0
         return max(1, self.newest_known.seq - self.cursor.seq)
 
@@ -398,37 +434,30 @@ class Relay(Generic[F]):
             if self._cursor_ready:
                 return
             async with self.db.reader.connect() as conn:
-                self.cursor = (await outbox_bounds(conn)).newest
+                self.state = DeliveryState((await outbox_bounds(conn)).newest)
             self.newest_known = max(self.newest_known, self.cursor)
             self._cursor_ready = True
 
     async def open(self, event_filter: F, after: ResumePoint | Position | None) -> Subscription[F]:
-        """A subscription starting now, or right after the `after` position (and, for a
+        """A subscription starting now, or right after the `after` state (and, for a
         `pool.usage` cursor, its usage horizon). Now means after every event committed
-        before it opened, those still above the horizon too (a longer transaction
-        elsewhere holds it back): they are skipped, by pool."""
+        before it opened, those above the horizon too: the relay reads once more (a read
+        that starts after this call) and the subscription starts from its state."""
         await self._ensure_cursor()
-        if after is None and self.db.dialect == "postgresql":
-            async with self.db.reader.connect() as conn:
-                conn = await conn.execution_options(isolation_level="REPEATABLE READ")
-                async with conn.begin():  # one snapshot for the start and what is ahead of it
-                    bounds = await outbox_bounds(conn)
-                    ahead = await committed_ahead(conn)
-                    # From now, for `pool.usage` too: every change a transaction still
-                    # running (or a later one) makes is stamped at or above this horizon
-                    # (app/events/usage.py).
-                    horizon = (await usage_changes(conn, None)).horizon
-            return Subscription(self, event_filter, bounds.newest, ahead, usage_from=horizon)
         async with self.db.reader.connect() as conn:
-            bounds = await outbox_bounds(conn)
-            horizon = (await usage_changes(conn, None)).horizon  # as above
-            issued, next_xid = await issued_bounds(conn)
+            # From now, for `pool.usage` too: every change a transaction still running (or
+            # a later one) makes is stamped at or above this horizon (app/events/usage.py).
+            horizon = (await usage_changes(conn, None)).horizon
+            if after is not None:
+                bounds = await outbox_bounds(conn)
+                issued, next_xid = await issued_bounds(conn)
         if after is None:
-            return Subscription(self, event_filter, bounds.newest, usage_from=horizon)
+            await self.fresh_drain()
+            return Subscription(self, event_filter, self.state, usage_from=horizon)
         point = after if isinstance(after, ResumePoint) else ResumePoint(after)
         issued = max(issued, bounds.newest)  # `newest` counts what retention pruned
         usage_bound = horizon if next_xid is None else next_xid
-        if point.position > issued or (point.usage is not None and point.usage > usage_bound):
+        if point.state.newest > issued or (point.usage is not None and point.usage > usage_bound):
             raise InvalidInput("the cursor is not one this service issued", field="after")
         if bounds.expired(point.position):
             raise cursor_expired()
@@ -436,7 +465,7 @@ class Relay(Generic[F]):
         # start at 1; 0 is a row no booking touched).
         usage_from = point.usage if point.usage is not None else 1
         return Subscription(
-            self, event_filter, point.position, usage_from=usage_from, usage_behind=True
+            self, event_filter, point.state, usage_from=usage_from, usage_behind=True
         )
 
     def attach(self, subscription: Subscription[F]) -> None:
@@ -456,19 +485,21 @@ class Relay(Generic[F]):
                     del self._by_tenant[tenant]
 
     async def replay_page(
-        self, subscription: Subscription[F]
-    ) -> tuple[list[OutboxEvent], Position, bool]:
-        """The subscription's next page from the outbox: (its events, the position read up
-        to, whether that is the newest visible position)."""
+        self, subscription: Subscription[F], target: DeliveryState
+    ) -> tuple[list[tuple[OutboxEvent | None, DeliveryState]], bool]:
+        """The subscription's next page of what `target` (the relay's state) covers and its
+        own state does not: each event as it may read it (None: not for it) with the state
+        after it, and whether that was all of it."""
         flt = subscription.filter
+        state = subscription.state
         async with self.db.reader.connect() as conn:
             bounds = await outbox_bounds(conn)
-            if bounds.expired(subscription.last):
+            if bounds.expired(state.settled):
                 raise cursor_expired()
-            events = await read_events(
+            events = await read_between(
                 conn,
-                subscription.last,
-                upto=bounds.newest,
+                state,
+                target,
                 limit=self._batch_size,
                 tenants=flt.tenants,
                 pool_id=flt.pool_id,
@@ -478,13 +509,35 @@ class Relay(Generic[F]):
             # own snapshot on PostgreSQL): if it has now pruned past the cursor, the read
             # may have missed an event. Pruning only deletes a prefix and records how far,
             # so if it has not, nothing the read needed was gone.
-            if (await outbox_bounds(conn)).expired(subscription.last):
+            if (await outbox_bounds(conn)).expired(state.settled):
                 raise cursor_expired()
             shown_events = await self._visibility.load(conn, events)
-        complete = len(events) < self._batch_size
-        covered = bounds.newest if complete else events[-1].position
-        shown = [shown_events.readable(e, flt) for e in events]
-        return [e for e in shown if e is not None], covered, complete
+        page: list[tuple[OutboxEvent | None, DeliveryState]] = []
+        for event in events:
+            state = covered_between(state, target, event.position)
+            shown = shown_events.readable(event, flt)
+            page.append((None if shown is None else replace(shown, state=state), state))
+        return page, len(events) < self._batch_size
+
+    async def reach(self, state: DeliveryState) -> None:
+        """Until the relay covers `state` (a resumed cursor ahead of this relay: another
+        process's relay had read further, or D held an event this one has not read yet)."""
+        pause = HORIZON_RETRY_FIRST_S
+        while True:
+            await self.fresh_drain()
+            if state.within(self.state):
+                return
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, HORIZON_RETRY_MAX_S)
+
+    async def fresh_drain(self) -> None:
+        """Return once a drain that started after this call has ended without error: one
+        shared by every caller waiting meanwhile. Raises what the database raised."""
+        called = self._drains_started
+        async with self._drain_lock:
+            if self._last_good_drain > called:
+                return
+            await self._drain_locked()
 
     # -- the loops ------------------------------------------------------------------------
 
@@ -501,25 +554,36 @@ class Relay(Generic[F]):
                 log.warning("event relay: %s: %s", type(exc).__name__, exc)
                 retry_s = 0.0
                 continue
-            if self.newest_known > self.cursor or self._above_horizon:
+            if not self.state.covers(self.newest_known) or self._above_horizon:
                 retry_s = min(2 * retry_s or HORIZON_RETRY_FIRST_S, HORIZON_RETRY_MAX_S)
             else:
                 retry_s = 0.0
 
     async def _drain(self) -> None:
+        async with self._drain_lock:
+            await self._drain_locked()
+
+    async def _drain_locked(self) -> None:
         await self._ensure_cursor()
+        self._drains_started += 1
+        number = self._drains_started
         while True:
             async with self._drain_reader.connect() as conn:
-                events = await read_events(conn, self.cursor, limit=self._batch_size)
-                if len(events) < self._batch_size:
-                    self._above_horizon = await committed_above_horizon(conn)
-                if not events:
-                    self._caught_up()
-                    return
-                shown_events = await self._visibility.load(conn, events)
-            self._fan_out(events, shown_events)
-            self.cursor = events[-1].position
-            if len(events) < self._batch_size:
+                events, horizon = await read_uncovered(conn, self.state, limit=self._batch_size)
+                complete = len(events) < self._batch_size
+                states, after = advance(
+                    self.state, [e.position for e in events], horizon, complete=complete
+                )
+                taken = [replace(e, state=s) for e, s in zip(events, states, strict=False)]
+                shown_events = await self._visibility.load(conn, taken) if taken else None
+            if shown_events is not None:
+                self._fan_out(taken, shown_events)
+            self.state = after
+            blocked = len(taken) < len(events)  # D is full: the rest waits for the horizon
+            self.blocked_reads += blocked
+            self._above_horizon = bool(after.ahead) or blocked
+            if complete or blocked:
+                self._last_good_drain = number
                 self._caught_up()
                 return
 
@@ -532,7 +596,7 @@ class Relay(Generic[F]):
         for event in events:
             metrics.relay_delivered(event.occurred_at.timestamp())
             for subscription in self._audience_subscriptions(event):
-                if not subscription.live:
+                if not (subscription.live or subscription.joining):
                     continue
                 # Each subscription gets the event as its caller may read it.
                 shown = shown_events.readable(event, subscription.filter)
