@@ -805,7 +805,7 @@ async def test_the_read_paths_answer_alike_over_generated_data(
 ) -> None:
     async with services(database_url) as pair:
         world, rng = await _generated(pair, fleet, size)
-        report = await run_differential(pair, world, rng, max_pages=3 if size is DEFAULT else 8)
+        report = await run_differential(pair, world, rng, max_pages=8 if size is SOAK else 2)
         compiling = compiles(pair.fast)
     print(report.summary())
     assert not report.differences, report.failure()
