@@ -302,6 +302,22 @@ def _page_info(page: CTE, shown: CTE) -> dict[str, ColumnElement[Any]]:
     }
 
 
+def _page_info_object(
+    fields: tuple[Field, ...], values: dict[str, ColumnElement[Any]]
+) -> JsonObject:
+    """A connection's pageInfo from its selected fields and the page's values (a page of
+    pools, a pool's page of reservations)."""
+    info: list[tuple[str, ColumnElement[Any]]] = []
+    for g in fields:
+        if isinstance(g, Read) and g.value in values and g.mapping is None:
+            info.append((g.key, values[g.value]))
+        elif isinstance(g, Constant):
+            info.append((g.key, sql_literal(g.value)))
+        else:
+            raise Unsupported(f"{g.key} on pageInfo")
+    return _object(info)
+
+
 def _page(fields: tuple[Field, ...], page: CTE, shown: CTE) -> JsonObject:
     info_values = _page_info(page, shown)
     pairs: list[tuple[str, ColumnElement[Any]]] = []
@@ -309,15 +325,7 @@ def _page(fields: tuple[Field, ...], page: CTE, shown: CTE) -> JsonObject:
         if isinstance(f, Constant):
             pairs.append((f.key, sql_literal(f.value)))
         elif isinstance(f, Nested) and f.kind == "page_info":
-            info: list[tuple[str, ColumnElement[Any]]] = []
-            for g in f.fields:
-                if isinstance(g, Read) and g.value in info_values and g.mapping is None:
-                    info.append((g.key, info_values[g.value]))
-                elif isinstance(g, Constant):
-                    info.append((g.key, sql_literal(g.value)))
-                else:
-                    raise Unsupported(f"{g.key} on pageInfo")
-            pairs.append((f.key, _object(info)))
+            pairs.append((f.key, _page_info_object(f.fields, info_values)))
         elif isinstance(f, Nested) and f.kind in ("nodes", "edges"):
             item = _fields("pool", f.fields, shown) if f.kind == "nodes" else _edge(f.fields, shown)
             pairs.append((f.key, JsonArray(item, rows_from(shown), (shown.c.id,))))
@@ -770,15 +778,7 @@ def _paged(field: Paged, row: CTE) -> JsonObject:
         if isinstance(f, Constant):
             pairs.append((f.key, sql_literal(f.value)))
         elif isinstance(f, Nested) and f.kind == "page_info":
-            info: list[tuple[str, ColumnElement[Any]]] = []
-            for g in f.fields:
-                if isinstance(g, Read) and g.value in info_values and g.mapping is None:
-                    info.append((g.key, info_values[g.value]))
-                elif isinstance(g, Constant):
-                    info.append((g.key, sql_literal(g.value)))
-                else:
-                    raise Unsupported(f"{g.key} on pageInfo")
-            pairs.append((f.key, _object(info)))
+            pairs.append((f.key, _page_info_object(f.fields, info_values)))
         elif isinstance(f, Nested) and f.kind == "nodes":
             item = _fields("reservations", f.fields, row)
             pairs.append((f.key, JsonArray(item, shown, order)))
