@@ -158,7 +158,7 @@ FULL = Plan(
 # No warm-up run: the checks and the statement count before the runs warm both up. Under
 # a minute a dialect.
 QUICK = Plan(
-    seconds=1, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
+    seconds=3, rounds=1, sequential_seconds=1, warmup_seconds=0, sizes=(100, 10, 1000), quick=True
 )
 
 
