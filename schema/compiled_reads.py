@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FunctionType, ModuleType
 from typing import Any
@@ -106,6 +106,12 @@ _MAX_SHAPES_PER_PLAN = 16
 # say) is never planned.
 DEFAULT_PLAN_CACHE_BYTES = 16 * 1024 * 1024
 MAX_PLANNED_QUERY_CHARS = 64 * 1024
+
+
+# A connection's node planned from its selection (a pool's fields, a reservation's).
+_NodePlanner = Callable[
+    ["Plan", GraphQLObjectType, dict[str, list[FieldNode]], VariableValues], tuple["Field", ...]
+]
 
 
 class Unplanned(Exception):
@@ -448,7 +454,7 @@ class CompiledReads:
             # The compiled page does not select by labels yet: the plain path does.
             raise Unplanned("labelSelector")
         if name == "pools":
-            shape: Shape = PageShape(key, self._page(plan, parent, below, variables))
+            shape: Shape = PageShape(key, self._page(plan, parent, below, variables, self._pool))
         elif name == "quotas":
             shape = QuotasShape(key, self._object(plan, "quotas", parent, below, variables))
         elif name == "capacity":
@@ -511,7 +517,10 @@ class CompiledReads:
         parent: GraphQLObjectType,
         selected: dict[str, list[FieldNode]],
         variables: VariableValues,
+        node: _NodePlanner,
     ) -> tuple[Field, ...]:
+        """A connection (a page of pools, a pool's page of reservations): its `nodes` and
+        `edges` planned by `node`, its `pageInfo`."""
         fields: list[Field] = []
         for key, nodes in selected.items():
             name = nodes[0].name.value
@@ -522,9 +531,9 @@ class CompiledReads:
                 raise Unplanned(name)
             inner, below = self._below(plan, parent, nodes, variables)
             if name == "nodes":
-                fields.append(Nested(key, "nodes", self._pool(plan, inner, below, variables)))
+                fields.append(Nested(key, "nodes", node(plan, inner, below, variables)))
             elif name == "edges":
-                fields.append(Nested(key, "edges", self._edge(plan, inner, below, variables)))
+                fields.append(Nested(key, "edges", self._edge(plan, inner, below, variables, node)))
             else:
                 fields.append(Nested(key, "page_info", _values(inner, below, _PAGE_INFO)))
         return tuple(fields)
@@ -535,6 +544,7 @@ class CompiledReads:
         parent: GraphQLObjectType,
         selected: dict[str, list[FieldNode]],
         variables: VariableValues,
+        node: _NodePlanner,
     ) -> tuple[Field, ...]:
         fields: list[Field] = []
         for key, nodes in selected.items():
@@ -545,7 +555,7 @@ class CompiledReads:
                 fields.append(Read(key, "cursor"))
             elif name == "node":
                 inner, below = self._below(plan, parent, nodes, variables)
-                fields.append(Nested(key, "node", self._pool(plan, inner, below, variables)))
+                fields.append(Nested(key, "node", node(plan, inner, below, variables)))
             else:
                 raise Unplanned(name)
         return tuple(fields)
@@ -613,37 +623,8 @@ class CompiledReads:
         inner = get_named_type(field_def.type)
         assert isinstance(inner, GraphQLObjectType)
         below = self._collect(plan, [n.selection_set for n in nodes if n.selection_set], variables)
-        fields: list[Field] = []
-        for name_key, found_nodes in below.items():
-            name = found_nodes[0].name.value
-            if name == "__typename":
-                fields.append(Constant(name_key, inner.name))
-                continue
-            if name not in ("nodes", "edges", "pageInfo"):
-                raise Unplanned(name)
-            kind, selected = self._below(plan, inner, found_nodes, variables)
-            if name == "nodes":
-                fields.append(
-                    Nested(name_key, "nodes", self._reservation(plan, kind, selected, variables))
-                )
-            elif name == "pageInfo":
-                fields.append(Nested(name_key, "page_info", _values(kind, selected, _PAGE_INFO)))
-            else:
-                edge: list[Field] = []
-                for edge_key, edge_nodes in selected.items():
-                    edge_name = edge_nodes[0].name.value
-                    if edge_name == "__typename":
-                        edge.append(Constant(edge_key, kind.name))
-                    elif edge_name == "cursor":
-                        edge.append(Read(edge_key, "cursor"))
-                    elif edge_name == "node":
-                        node_type, node_selected = self._below(plan, kind, edge_nodes, variables)
-                        node = self._reservation(plan, node_type, node_selected, variables)
-                        edge.append(Nested(edge_key, "node", node))
-                    else:
-                        raise Unplanned(edge_name)
-                fields.append(Nested(name_key, "edges", tuple(edge)))
-        return Paged(key, "reservations", tuple(fields), param)
+        fields = self._page(plan, inner, below, variables, self._reservation)
+        return Paged(key, "reservations", fields, param)
 
     def _reservation(
         self,
