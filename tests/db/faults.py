@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import glob
 import os
 import pwd
@@ -179,11 +180,30 @@ class StallingSQLite:
         assert self._process is not None and self._process.stdin and self._process.stdout
         self._process.stdin.write(f"{what}\n".encode())
         await self._process.stdin.drain()
-        async with asyncio.timeout(30):
-            if (await self._process.stdout.readline()).strip() != b"done":
-                raise RuntimeError(f"the SQLite lock holder did not {what}")
+        try:
+            async with asyncio.timeout(30):
+                line = await self._process.stdout.readline()
+        except TimeoutError:
+            raise RuntimeError(f"no {what} within 30 s: {self._holders()}") from None
+        if line.strip() != b"done":
+            raise RuntimeError(f"the SQLite lock holder did not {what}")
+
+    def _holders(self) -> str:
+        """Who holds locks on the -shm file (/proc/locks), for a stall that never came."""
+        inode = os.stat(self.path + "-shm").st_ino
+        with open("/proc/locks") as locks:  # "N: [->] POSIX ADVISORY type pid dev:inode s e"
+            rows = [line.replace("->", "waits").split()[1:] for line in locks]
+        held = [row for row in rows if row[-3].endswith(f":{inode}")]
+        return f"test process {os.getpid()}; locks on -shm: {held}"
 
     async def stall(self) -> None:
+        # The file is the worker's one migrated database, shared by its tests in turn. A
+        # read an earlier test's shutdown cancelled mid-statement (a relay drain) leaves
+        # its sqlite3 cursor in a reference cycle with the CancelledError's traceback: the
+        # closed connection lingers, holding its read mark, until the cycle collector
+        # frees it, and nothing in an idle test allocates enough to run it (CI waited
+        # 30 s for the lock). Free it now.
+        gc.collect()
         await self._tell("stall")
 
     async def resume(self) -> None:
