@@ -65,6 +65,7 @@ async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
         "clients",
         "server CPU per delivery",
         "load average",
-        "not the full size: targets not checked",
+        # An invalid run says so in its stead (above) and checks no target either.
+        *(() if invalid else ("not the full size: targets not checked",)),
     ):
         assert expected in printed, printed
