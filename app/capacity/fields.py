@@ -393,7 +393,7 @@ CAPACITY = Table(
             "offered",
             "long",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -403,7 +403,7 @@ CAPACITY = Table(
             "guestUsed",
             "long",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -413,7 +413,7 @@ CAPACITY = Table(
             "overcommit",
             "float",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
         ),
     ),
