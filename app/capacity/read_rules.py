@@ -14,7 +14,7 @@ are all built from these objects; none of the rules is written again as SQL text
 - `pool_seen_by`: archived pools are seen by their owner only;
 - `booked_quotas`: the quota rows a viewer books against (the grant tenant's rows),
   `quota_offer`: the offer that gives a quota row (seen from an offer: its rows), and
-  `quotas_with_offers`: the rows joined with it; `guest_quotas`: the rows an owner lent;
+  `quotas_with_offers`: the rows joined with it;
 - `capacity_lent`: capacity rows with what their pool lent (the rows of its guests'
   quotas summed, `whole` in Python) and the overcommit that ranks them (`lending_order`),
   and `row_lent`: the same of one row;
@@ -58,7 +58,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app.capacity.fields import CAPACITY_ORDER, RESERVATION_ORDER
-from app.capacity.json_sql import HALF, CodePoint, ExactQuotient, JsonIsEmptyObject, rows_from
+from app.capacity.json_sql import HALF, CodePoint, ExactQuotient, JsonIsEmptyObject
 from app.db.models import (
     ApiToken,
     AuthzRow,
@@ -168,17 +168,6 @@ def quota_offer() -> ColumnElement[bool]:
 def quotas_with_offers() -> Join:
     """Quota rows, each with the offer that gives it (outer-joined: none once it ended)."""
     return QuotaRow.__table__.outerjoin(Offer.__table__, quota_offer())
-
-
-def guest_quotas(owner: ColumnElement[str]) -> Select[Any]:
-    """The quota rows a pool's owner lent (the lender's view, CONTRACT section 10): the
-    rows of every tenant holding an offer of the pool but its owner (`owner`: the
-    pool's), each with that offer (inner-joined: a row whose offer ended lends nothing),
-    every column of both selected (a compiled array's rows: json_sql.rows_from; a plain
-    read picks its own with `with_only_columns`). Summed per resource by
-    views.guest_sums, on either read."""
-    offered = QuotaRow.__table__.join(Offer.__table__, quota_offer())
-    return rows_from(offered).where(QuotaRow.tenant_id != owner)
 
 
 # --- the lender's view (CONTRACT section 10) -------------------------------------------
