@@ -1002,10 +1002,10 @@ def _lend_the_owners_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from app.capacity import json_reads, read_rules
 
-    def with_the_owner(_owner: Any) -> Any:
-        return read_rules.guest_quotas(literal("", String))
+    def with_the_owner(_owner: Any, *where: Any) -> Any:
+        return read_rules.capacity_lent(literal("", String), *where)
 
-    monkeypatch.setattr(json_reads, "guest_quotas", with_the_owner)
+    monkeypatch.setattr(json_reads, "capacity_lent", with_the_owner)
 
 
 def _archived_shown(d: Difference) -> bool:

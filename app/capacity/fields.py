@@ -201,8 +201,9 @@ def _c(model: Any, key: str) -> ColumnElement[Any]:
     return column
 
 
-# A pool's quota rows, and an offer's, come in resource order.
+# A pool's quota rows, and an offer's, come in resource order; so do its capacity rows.
 QUOTA_ORDER = (_c(QuotaRow, "resource"),)
+CAPACITY_ORDER = (_c(CapacityRow, "resource"),)
 # A tenant's reservations come in id (creation) order, on every read of them (REST
 # `reservations/list`, GraphQL `Pool.reservations`), paged by that id (read_rules).
 RESERVATION_ORDER = (_c(Reservation, "id"),)
@@ -274,7 +275,7 @@ POOL = Table(
             "CapacityRow",
             nullable=True,
             rows="capacity",
-            order=(_c(CapacityRow, "resource"),),
+            order=CAPACITY_ORDER,
         ),
         Relation(
             "offers",
@@ -392,7 +393,7 @@ CAPACITY = Table(
             "offered",
             "long",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -402,7 +403,7 @@ CAPACITY = Table(
             "guestUsed",
             "long",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
             rest_nullable=False,
         ),
@@ -412,7 +413,7 @@ CAPACITY = Table(
             "overcommit",
             "float",
             True,
-            column=STATEMENT,  # the guests' rows, summed once parsed (json_reads)
+            column=STATEMENT,  # the guests' rows summed (read_rules.capacity_lent)
             optional=_LENDER,
         ),
     ),

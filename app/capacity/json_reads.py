@@ -34,6 +34,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     ColumnElement,
+    FromClause,
     Integer,
     Select,
     String,
@@ -50,6 +51,7 @@ from sqlalchemy import (
     or_,
     select,
 )
+from sqlalchemy.sql.util import ClauseAdapter
 from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
 from app.capacity.fields import ACTING_TENANT, ROW_TABLES, IsoTimestamp, Relation, Value
@@ -78,13 +80,13 @@ from app.capacity.json_sql import (
     rows_from,
     sql_literal,
 )
-from app.capacity.lending import rank
 from app.capacity.paging import encode_cursor
 from app.capacity.policy import readable_policy
 from app.capacity.read_rules import (
     ReservationsPage,
     booked_quotas,
-    guest_quotas,
+    capacity_lent,
+    lending_order,
     lineage_cte,
     nearest_grants,
     offers_shown,
@@ -93,6 +95,7 @@ from app.capacity.read_rules import (
     quota_offer,
     quotas_with_offers,
     reservations_after,
+    row_lent,
     token_live,
 )
 from app.capacity.shapes import (
@@ -112,7 +115,7 @@ from app.capacity.shapes import (
     Rows,
     Shape,
 )
-from app.capacity.views import CapacityView, LendingRowView, guest_sums, overcommit
+from app.capacity.views import overcommit
 from app.db.direct import traced
 from app.db.engine import Database
 from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
@@ -214,15 +217,15 @@ def _json(entry: Value, expr: ColumnElement[Any]) -> ColumnElement[Any]:
     return expr
 
 
-def _value(field: Read, kind: str, row: CTE) -> ColumnElement[Any]:
+def _value(field: Read, kind: str, row: CTE, lent: FromClause | None) -> ColumnElement[Any]:
     if kind in ("capacity", "lending") and field.value in _LENT and field.mapping is None:
-        return _lent(row)
-    if kind == "lending" and field.value == _RANKED:
-        return _ranked_by(row)
+        return _lent(field.value, kind, row, lent)
     entry = _COLUMNS[kind].get(field.value)
     if entry is None:
         raise Unsupported(f"{field.value} here")
     expr = _over(entry.selected, row) if kind == "pool" else entry.selected
+    if lent is not None:  # a capacity row's columns, as `lent` selects them
+        expr = ClauseAdapter(lent).traverse(expr)
     if field.mapping is not None:
         expr = case(*((sql_literal(a), sql_literal(b)) for a, b in field.mapping), value=expr)
     return _json(entry, expr)
@@ -246,15 +249,18 @@ def _rows(field: Rows, row: CTE) -> ColumnElement[Any]:
     return rows
 
 
-def _fields(kind: str, fields: tuple[Field, ...], row: CTE) -> JsonObject:
+def _fields(
+    kind: str, fields: tuple[Field, ...], row: CTE, lent: FromClause | None = None
+) -> JsonObject:
     """An object of `kind` with `fields`, in order, under their keys; `row` is the pool
-    (the pool's own, or the one whose rows these are)."""
+    (the pool's own, or the one whose rows these are); `lent`, capacity rows with the
+    lender's values (read_rules.capacity_lent) where these are."""
     pairs: list[tuple[str, ColumnElement[Any]]] = []
     for f in fields:
         if isinstance(f, Constant):
             pairs.append((f.key, sql_literal(f.value)))
         elif isinstance(f, Read):
-            pairs.append((f.key, _value(f, kind, row)))
+            pairs.append((f.key, _value(f, kind, row, lent)))
         elif isinstance(f, Rows) and f.kind in _NESTS.get(kind, ()):
             pairs.append((f.key, _rows(f, row)))
         elif isinstance(f, Nested) and f.kind == "grant" and kind == "quotas":
@@ -351,7 +357,7 @@ class CompiledRead:
     # Nothing to finish, and every value one whose JSON SQLite writes as orjson does
     # (`answer`).
     verbatim: bool = False
-    shows_lender: bool = False  # summed once parsed (`readable`)
+    shows_lender: bool = False  # finished once parsed (`readable`)
     needs_share: bool = False  # decided with compute:pools:share on the tenant (`lending`)
     # Decided with compute:reservations:read (REST `reservations/list`, a pool's page).
     reads_reservations: bool = False
@@ -369,7 +375,7 @@ class CompiledRead:
 
     @property
     def lending(self) -> bool:
-        """The owner's ranked capacity rows (`lending`): at most `first`, once ranked."""
+        """The owner's ranked capacity rows (`lending`): the first `first`."""
         return isinstance(self.shape, LendingShape)
 
     @property
@@ -538,9 +544,9 @@ def _granted(lineage: CTE, *where: ColumnElement[bool]) -> Select[Any]:
 # --- the tenant's quota rows (`quotas`), a pool's rollup (`capacity`), and the owner's
 # --- capacity rows ranked by what it lent (`lending`) -----------------------------------
 
-# The lender's values of a capacity row. The statement carries what they are made of
-# (`_lent`); they are summed once parsed (`_lender_value`) by views.guest_sums, as the
-# plain read sums the same rows (app/capacity/lending.py).
+# The lender's values of a capacity row: read_rules.capacity_lent's sums, as the plain
+# read reads them (app/capacity/lending.py); overcommit divided once parsed
+# (views.overcommit, as the plain read's rows divide), over the rows shown.
 _LENT = frozenset({"offered", "guest_used", "overcommit"})
 
 
@@ -548,82 +554,63 @@ class _Unsure(Exception):
     """The parsed answer is not one this path is sure of: the plain read answers."""
 
 
-def _lent(row: CTE) -> ColumnElement[Any]:
-    """What a capacity row of pool `row` carries for each lender's value: null for anyone
-    but the pool's owner with compute:pools:share (read_rules.offers_shown), else
-    {"a": allocatable, "g": [{"m": max, "u": used}, ...]} over the guests' quota rows of
-    its resource (read_rules.guest_quotas)."""
-    quota, capacity = QuotaRow.__table__.c, CapacityRow.__table__.c
-    # Correlated to the pool two levels up too (auto-correlation stops at one), and to
-    # the capacity row wherever it comes from (SQLite's ordered form re-points it at its
-    # subquery): everything but the guests' own tables.
-    guests = (
-        guest_quotas(row.c.tenant_id)
-        .where(quota.pool_id == row.c.id, quota.resource == capacity.resource)
-        .correlate_except(QuotaRow.__table__, Offer.__table__)
-    )
-    rows = JsonArray(json_object([("m", quota.max), ("u", quota.used)]), guests, ())
-    lent = json_object([("a", capacity.allocatable), ("g", rows)])
-    return JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), lent)))
+def _lent(value: str, kind: str, row: CTE, lent: FromClause | None) -> ColumnElement[Any]:
+    """A lender's value of a capacity row: the sum (`offered`, `guest_used`), or for
+    `overcommit` {"o": offered, "a": allocatable}. A `lending` row's are its own columns
+    (`lent`: the ranked rows of read_rules.capacity_lent); a pool's capacity row's are
+    read_rules.row_lent's, null for anyone but the pool's owner with compute:pools:share
+    (read_rules.offers_shown)."""
+    offered: ColumnElement[Any]
+    allocatable: ColumnElement[Any]
+    found: ColumnElement[Any]
+    if kind == "lending":
+        if lent is None:
+            raise Unsupported(f"{value} here")
+        offered, allocatable, found = lent.c.offered, lent.c.allocatable, lent.c[value]
+    else:
+        of_row = row_lent(row.c.tenant_id)
+
+        def scalar(name: str) -> ColumnElement[Any]:
+            return of_row.with_only_columns(of_row.selected_columns[name]).scalar_subquery()
+
+        offered, allocatable = scalar("offered"), CapacityRow.__table__.c.allocatable
+        found = offered if value == "offered" else scalar(value)
+    if value == "overcommit":
+        found = json_object([("o", offered), ("a", allocatable)])
+    if kind == "lending":
+        return found
+    return JsonNested(case((offers_shown(row.c.tenant_id, _TENANT, _SHARES), found)))
 
 
-def _sums(lent: dict[str, Any]) -> tuple[int, int]:
-    """`offered` and `guestUsed` of a parsed `_lent` (views.guest_sums); past a Long, the
-    plain read's to answer."""
-    offered, used = guest_sums((g["m"], g["u"]) for g in lent["g"])
-    if offered > MAX_AMOUNT or used > MAX_AMOUNT:
+def _amount(value: Any) -> int:
+    """A sum as the statement gave it; past a Long (on SQLite past 2^63 a double), the
+    plain read's to answer (GraphQL's Long refuses it there)."""
+    if not isinstance(value, int) or value > MAX_AMOUNT:
         raise _Unsure
-    return offered, used
+    return value
 
 
 def _lender_value(value: dict[str, Any], field: Read, absent: bool) -> None:
-    """A lender's value of a parsed capacity row, in place: the sums of its guests' rows
-    (views.guest_sums), or offered / allocatable (views.overcommit). Not shown: null, or
-    no key at all where the surface leaves it out (`absent`: REST). A sum past a Long is
-    left to the plain read (GraphQL's Long refuses it there)."""
+    """A lender's value of a parsed capacity row, in place: a sum, or offered /
+    allocatable (views.overcommit). Not shown: null, or no key at all where the surface
+    leaves it out (`absent`: REST)."""
     lent = value[field.key]
     if lent is None:
         if absent:
             del value[field.key]
         return
-    offered, used = _sums(lent)
-    if field.value == "offered":
-        value[field.key] = offered
-    elif field.value == "guest_used":
-        value[field.key] = used
+    if field.value == "overcommit":
+        value[field.key] = overcommit(_amount(lent["o"]), lent["a"])
     else:
-        value[field.key] = overcommit(offered, lent["a"])
-
-
-# `lending`'s rows carry, under a key no field can have, what ranks them: the pool, the
-# resource and the lender's values' makings (`_lent`); ranked once parsed by
-# lending.rank, the plain read's order, and dropped.
-_RANKED = "#ranked"
-
-
-def _ranked_by(row: CTE) -> ColumnElement[Any]:
-    capacity = CapacityRow.__table__.c
-    return json_object([("p", capacity.pool_id), ("r", capacity.resource), ("l", _lent(row))])
-
-
-def _ranked(rows: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
-    """`lending`'s parsed rows, ranked as the plain read ranks them (lending.rank), the
-    first `first`."""
-    ranks: list[tuple[tuple[float, str, str], int]] = []
-    for n, row in enumerate(rows):
-        by = row.pop(_RANKED)
-        view = CapacityView(by["r"], 0, by["l"]["a"], 0, *_sums(by["l"]))
-        ranks.append((rank(LendingRowView(by["p"], view)), n))
-    ranks.sort()
-    return [rows[n] for _, n in ranks[:first]]
+        value[field.key] = _amount(lent)
 
 
 def _lending_statement(
     shape: LendingShape, pairs: list[tuple[str, ColumnElement[Any]]]
 ) -> Select[Any]:
-    """Every capacity row of the tenant's live pools whose offers the caller reads
-    (read_rules.offers_shown: its own, with compute:pools:share), in pool and resource
-    order, each with what ranks it; ranked and cut once parsed (`_ranked`)."""
+    """The capacity rows of the tenant's live pools whose offers the caller reads
+    (read_rules.offers_shown: its own, with compute:pools:share) with what they lent
+    (read_rules.capacity_lent), ranked (read_rules.lending_order): the first `first`."""
     lineage = lineage_cte(_TENANT, "lineage")
     pools = Pool.__table__
     owned = (
@@ -631,10 +618,10 @@ def _lending_statement(
         .where(pools.c.archived.is_(False), offers_shown(pools.c.tenant_id, _TENANT, _SHARES))
         .cte("owned")
     )
-    item = _fields("lending", (*shape.fields, Read(_RANKED, _RANKED)), owned)
-    capacity = CapacityRow.__table__
-    rows = rows_from(owned.join(capacity, capacity.c.pool_id == owned.c.id))
-    pairs.append((shape.key, JsonArray(item, rows, (owned.c.id, *_ROW_ORDER["capacity"]))))
+    lent = capacity_lent(_TENANT, CapacityRow.pool_id.in_(select(owned.c.id))).subquery("lent")
+    ranked = select(lent).order_by(*lending_order(lent)).limit(_FIRST).subquery("ranked")
+    item = _fields("lending", shape.fields, owned, ranked)
+    pairs.append((shape.key, JsonArray(item, rows_from(ranked), lending_order(ranked))))
     return select(cast(_object(pairs), Text)).where(
         token_live(_TOKEN, _ROLE), exists(select(lineage.c.id))
     )
@@ -825,7 +812,7 @@ def _needs(fields: tuple[Field, ...]) -> set[str]:
     return found
 
 
-def answer(text: str, read: CompiledRead, first: int | None = None) -> Any:
+def answer(text: str, read: CompiledRead) -> Any:
     """The statement's answer as the transports encode it (orjson): the text itself
     (orjson.Fragment, not parsed) when it is the bytes orjson would write for it, else
     parsed and finished (`readable`; None as it says). SQLite's JSON is orjson's for a
@@ -834,16 +821,15 @@ def answer(text: str, read: CompiledRead, first: int | None = None) -> Any:
     (only ever inside a string, in JSON) sends the answer through orjson."""
     if read.verbatim and "\\" not in text:
         return orjson.Fragment(text)
-    return readable(orjson.loads(text), read, first)
+    return readable(orjson.loads(text), read)
 
 
-def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
+def readable(data: Any, read: CompiledRead) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
     no secret), every cursor the statement left as an id encoded (paging.encode_cursor)
-    and the lender's values summed (`_lender_value`), found by the shape's keys, and
-    `lending`'s rows ranked (the first `first` kept); None when the plain read might
-    answer otherwise (a sum past a Long)."""
-    if read.shows_policy or read.shows_cursors or read.shows_lender or read.lending:
+    and the lender's values finished (`_lender_value`), found by the shape's keys; None
+    when the plain read might answer otherwise (a sum past a Long)."""
+    if read.shows_policy or read.shows_cursors or read.shows_lender:
         absent = isinstance(read.shape, CapacityShape) and read.shape.lender_keys_absent
         try:
             _finish(
@@ -853,9 +839,6 @@ def readable(data: Any, read: CompiledRead, first: int | None = None) -> Any:
                 read.shows_lender,
                 absent,
             )
-            if read.lending:
-                assert first is not None
-                data[read.shape.key] = _ranked(data[read.shape.key], first)
         except _Unsure:
             return None
     return data

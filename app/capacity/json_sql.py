@@ -23,6 +23,11 @@ builds the same JSON on both.
   statement, with the same function defined on its connections (`bc_cursor`,
   app/db/embedded.py's SQL_FUNCTIONS), so an answer with nothing else to finish is sent
   as the statement wrote it (json_reads.answer).
+- `CodePoint`: a string ordered by code point, as Python orders `str`: PostgreSQL's
+  database collation need not be (`COLLATE "C"`); SQLite's default (BINARY) is.
+- `ExactQuotient`: the double nearest a quotient of integers wider than a double holds
+  (Python's `int / int`): PostgreSQL divides in numeric; SQLite calls Python
+  (`bc_quotient`, defined on its connections as `bc_cursor` is).
 - `compile_statement`: a statement's text for a dialect, with the names of its
   positional parameters (asyncpg's `$n`, sqlite3's `?`).
 
@@ -42,9 +47,11 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     ColumnElement,
+    Float,
     FromClause,
     Join,
     Select,
+    String,
     func,
     literal_column,
     select,
@@ -138,6 +145,53 @@ per_dialect(
     sqlite="json(CASE WHEN ({0}) THEN 'true' WHEN NOT ({0}) THEN 'false' END)",
 )
 per_dialect(JsonCursor, postgresql="{0}", sqlite="bc_cursor({0})")
+
+
+class CodePoint(FunctionElement[str]):
+    """A string to order by, by code point (Python's order of `str`)."""
+
+    name, inherit_cache = "code_point", True
+    type = String()
+
+
+per_dialect(CodePoint, postgresql='({0} COLLATE "C")', sqlite="{0}")
+
+
+class ExactQuotient(FunctionElement[float]):
+    """The double nearest n / d, as Python's `n / d` of ints gives it, for integers a
+    double may not hold: n >= 0 in halves (high * 2^32 + low: read_rules' sums), d >= 1
+    below 2^63 (a BIGINT).
+
+    PostgreSQL divides in numeric to 130 decimal places and rounds that once to a double
+    (numeric to float8 reads the number's text: correctly rounded, ties to even). That is
+    the exact quotient's rounding: with d below 2^63, n / d is at least 2^-63, so a
+    midpoint between two doubles near it is a multiple of 2^-116; the quotient is either
+    one (at most 116 decimal places: held exactly) or at least 2^-179 (about 1e-54) from
+    every one, far more than 130 places' error."""
+
+    name, inherit_cache = "exact_quotient", True
+    type = Float()
+
+
+# The base of an integer given in halves (`ExactQuotient`'s n): high * HALF + low.
+HALF = 2**32
+
+
+def _quotient(high: int, low: int, divisor: int) -> float:
+    return (high * HALF + low) / divisor
+
+
+define_sql_function("bc_quotient", 3, _quotient)
+
+
+@compiles(ExactQuotient, "postgresql")
+def _exact_quotient_postgresql(element: ExactQuotient, compiler: SQLCompiler, **kw: Any) -> str:
+    high, low, divisor = (compiler.process(c, **kw) for c in element.clauses)
+    whole = f"CAST({high} AS NUMERIC) * {HALF} + ({low})"
+    return f"CAST(CAST({whole} AS NUMERIC(1000, 130)) / ({divisor}) AS FLOAT8)"
+
+
+per_dialect(ExactQuotient, sqlite="bc_quotient({0})")
 per_dialect(JsonIsEmptyObject, postgresql="({0} = '{{}}'::jsonb)", sqlite="(json({0}) = '{{}}')")
 
 

@@ -14,7 +14,10 @@ are all built from these objects; none of the rules is written again as SQL text
 - `pool_seen_by`: archived pools are seen by their owner only;
 - `booked_quotas`: the quota rows a viewer books against (the grant tenant's rows),
   `quota_offer`: the offer that gives a quota row (seen from an offer: its rows), and
-  `quotas_with_offers`: the rows joined with it; `guest_quotas`: the rows an owner lent;
+  `quotas_with_offers`: the rows joined with it;
+- `capacity_lent`: capacity rows with what their pool lent (the rows of its guests'
+  quotas summed, `whole` in Python) and the overcommit that ranks them (`lending_order`),
+  and `row_lent`: the same of one row;
 - `offers_shown`: offers are shown to the pool's owner with compute:pools:share only;
 - `token_live`: a remembered caller's token still live with the same unnarrowed role;
 - `own_reservations`: the reservations a tenant lists (its own, in any pool), in the
@@ -26,32 +29,40 @@ are all built from these objects; none of the rules is written again as SQL text
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     ColumnElement,
+    Float,
+    FromClause,
     Integer,
     Join,
     ScalarSelect,
     Select,
     and_,
     case,
+    cast,
     exists,
     false,
     func,
     literal,
     literal_column,
+    null,
     or_,
     select,
     true,
 )
+from sqlalchemy.sql.util import ClauseAdapter
 
-from app.capacity.fields import RESERVATION_ORDER
-from app.capacity.json_sql import JsonIsEmptyObject, rows_from
+from app.capacity.fields import CAPACITY_ORDER, RESERVATION_ORDER
+from app.capacity.json_sql import HALF, CodePoint, ExactQuotient, JsonIsEmptyObject
 from app.db.models import (
     ApiToken,
     AuthzRow,
+    CapacityRow,
     Offer,
     Pool,
     QuotaRow,
@@ -159,15 +170,140 @@ def quotas_with_offers() -> Join:
     return QuotaRow.__table__.outerjoin(Offer.__table__, quota_offer())
 
 
-def guest_quotas(owner: ColumnElement[str]) -> Select[Any]:
-    """The quota rows a pool's owner lent (the lender's view, CONTRACT section 10): the
-    rows of every tenant holding an offer of the pool but its owner (`owner`: the
-    pool's), each with that offer (inner-joined: a row whose offer ended lends nothing),
-    every column of both selected (a compiled array's rows: json_sql.rows_from; a plain
-    read picks its own with `with_only_columns`). Summed per resource by
-    views.guest_sums, on either read."""
-    offered = QuotaRow.__table__.join(Offer.__table__, quota_offer())
-    return rows_from(offered).where(QuotaRow.tenant_id != owner)
+# --- the lender's view (CONTRACT section 10) -------------------------------------------
+#
+# What a pool lent is summed, and the owner's rows ranked and cut, by the database, for
+# both reads (lending.py, json_reads). A quota's maximum, and its use, may be 2^63 - 1
+# (inputs.MAX_AMOUNT): a sum of them may pass 64 bits, where SQLite's sum() raises. So
+# each sum is taken in two halves that cannot overflow (of the amounts' bits from 32 up,
+# and below: for up to 2^31 rows) and is high * 2^32 + low: exact in Python (`whole`),
+# in SQL on PostgreSQL (numeric) and on SQLite below 2^63 (a double past it, which the
+# compiled reads decline where they show it). The overcommit that ranks is exact at any
+# size (`_overcommit`), so the order is Python's and the same on both dialects.
+
+_ZERO = literal_column("0", Integer)
+_SHIFT = literal_column("32", Integer)
+_LOW_BITS = literal_column(str(HALF - 1), BigInteger)
+_HALF = literal_column(str(HALF), BigInteger)
+# An integer below 2^53 is exact as a double.
+_DOUBLE_EXACT = literal_column(str(2**53), BigInteger)
+
+
+def _halves(amount: ColumnElement[int], name: str) -> list[ColumnElement[int]]:
+    """The sum of `amount` over a group's rows (0 over none), in halves."""
+    return [
+        func.coalesce(func.sum(amount.bitwise_rshift(_SHIFT)), _ZERO).label(f"{name}_high"),
+        func.coalesce(func.sum(amount.bitwise_and(_LOW_BITS)), _ZERO).label(f"{name}_low"),
+    ]
+
+
+def _whole(high: ColumnElement[int], low: ColumnElement[int]) -> ColumnElement[int]:
+    return high * _HALF + low
+
+
+def whole(high: int | Decimal, low: int | Decimal) -> int:
+    """A sum of `capacity_lent`'s, exact, from its halves (PostgreSQL's are numeric)."""
+    return int(high) * HALF + int(low)
+
+
+def _overcommit(
+    high: ColumnElement[int], low: ColumnElement[int], allocatable: ColumnElement[int]
+) -> ColumnElement[float]:
+    """offered / allocatable (offered in halves), NULL where nothing is allocatable: the
+    double nearest the exact quotient, views.overcommit's value. Below 2^53 both are
+    exact doubles, and IEEE division rounds their quotient as Python's int / int does;
+    past it the quotient is taken exactly (json_sql.ExactQuotient)."""
+    offered = _whole(high, low)
+    return case(
+        (allocatable <= _ZERO, null()),
+        (
+            and_(offered < _DOUBLE_EXACT, allocatable < _DOUBLE_EXACT),
+            cast(offered, Float).op("/", return_type=Float)(cast(allocatable, Float)),
+        ),
+        else_=ExactQuotient(high, low, allocatable),
+    )
+
+
+def _lent(owner: ColumnElement[str]) -> ColumnElement[bool]:
+    """The quota rows a capacity row's pool lent of its resource: those of every tenant
+    holding an offer of the pool but `owner` (the pool's), each with that offer (a row
+    whose offer ended lends nothing). The offer is an EXISTS, not a join: an outer join
+    to a join is a subquery to SQLite, scanned whole per capacity row (its direct reads
+    build no automatic index)."""
+    capacity, quota = CapacityRow.__table__.c, QuotaRow.__table__.c
+    return and_(
+        quota.pool_id == capacity.pool_id,
+        quota.resource == capacity.resource,
+        quota.tenant_id != owner,
+        exists().where(quota_offer()),
+    )
+
+
+def _lent_values() -> list[ColumnElement[Any]]:
+    """What a capacity row lent, over its `_lent` rows: `offered` (the sum of their
+    maxima), `guest_used` (of their use), each in halves too (`offered_high`, ..., for
+    `whole`), and `overcommit`: offered / allocatable."""
+    quota = QuotaRow.__table__.c
+    offered_high, offered_low = _halves(quota.max, "offered")
+    used_high, used_low = _halves(quota.used, "guest_used")
+    allocatable = CapacityRow.__table__.c.allocatable
+    return [
+        offered_high,
+        offered_low,
+        used_high,
+        used_low,
+        _whole(offered_high, offered_low).label("offered"),
+        _whole(used_high, used_low).label("guest_used"),
+        _overcommit(offered_high, offered_low, allocatable).label("overcommit"),
+    ]
+
+
+def capacity_lent(owner: ColumnElement[str], *where: ColumnElement[bool]) -> Select[Any]:
+    """The capacity rows matching `where` of pools `owner` owns, each with what it lent
+    (`_lent_values`): one row per capacity row (a pool's, or every pool's of a set), to
+    read as a subquery, in `lending_order` or in the capacity rows' own. The plain reads
+    (lending.py) and `lending`'s compiled statement read the lender's values here."""
+    capacity = CapacityRow.__table__.c
+    columns = [
+        capacity.pool_id,
+        capacity.resource,
+        capacity.total,
+        capacity.allocatable,
+        capacity.booked,
+        *_lent_values(),
+    ]
+    return (
+        select(*columns)
+        .select_from(CapacityRow.__table__.outerjoin(QuotaRow.__table__, _lent(owner)))
+        .where(*where)
+        .group_by(capacity.pool_id, capacity.resource)
+    )
+
+
+def row_lent(owner: ColumnElement[str]) -> Select[Any]:
+    """What one capacity row lent (`capacity_lent`'s values, by name: `selected_columns`),
+    the row the enclosing statement's (correlated to it, wherever it comes from): for a
+    nested list of capacity rows (json_reads: a pool's rollup), where a subquery in
+    FROM referring to the pool would not follow it."""
+    return (
+        select(*_lent_values())
+        .where(_lent(owner))
+        .correlate_except(QuotaRow.__table__, Offer.__table__)
+    )
+
+
+def lending_order(rows: FromClause) -> tuple[ColumnElement[Any], ...]:
+    """The owner's ranking of `capacity_lent`'s rows (`rows`: a subquery of them, or of
+    a selection of them): the most overcommitted first, lent capacity on a row with none
+    allocatable first of all, an unlent row with none allocatable last; ties in pool id,
+    then in the capacity rows' order (the table of fields'), by code point."""
+    c = rows.c
+    ties = (CapacityRow.__table__.c.pool_id, *CAPACITY_ORDER)
+    return (
+        and_(c.allocatable <= _ZERO, c.offered > _ZERO).desc(),
+        c.overcommit.desc().nulls_last(),
+        *(CodePoint(ClauseAdapter(rows).traverse(t)) for t in ties),
+    )
 
 
 def booked_quotas(

@@ -318,7 +318,6 @@ class Capacity:
         if not self.compiles_reads:
             return None
         arguments: dict[str, object]
-        first: int | None = None  # `lending`'s: kept once ranked
         asked: ExplainAccessInput | None = None  # `access`'s: decided once parsed
         paged: dict[str, object] = {}  # each `Pool.reservations`' page (`_paged_arguments`)
         if read.pages:  # GraphQL's plan's names; REST's bodies keep theirs (refused)
@@ -338,7 +337,7 @@ class Capacity:
             elif read.lending:
                 lent = parse_input(read.input, args)
                 assert isinstance(lent, LendingInput)
-                tenant_id, arguments, first = lent.tenant_id, {}, lent.first
+                tenant_id, arguments = lent.tenant_id, {"first": lent.first}
             elif read.quotas:
                 quotas = parse_input(read.input, args)
                 assert isinstance(quotas, ListQuotasInput)
@@ -380,7 +379,7 @@ class Capacity:
             raise
         if text is not None and asked is not None:
             return _explained(principal, asked, read, text)
-        return None if text is None else json_reads.answer(text, read, first)
+        return None if text is None else json_reads.answer(text, read)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -42,24 +41,10 @@ class CapacityView:
         return overcommit(self.offered, self.allocatable)
 
 
-# The lender's view's arithmetic, for the plain read (app/capacity/lending.py) and the
-# compiled one (json_reads, once its answer is parsed): both sum the same guests' rows
-# (read_rules.guest_quotas) here, in Python, exact past 64 bits on both dialects (a
-# maximum may be 2^63 - 1; SQLite's sum() would overflow).
-
-
-def guest_sums(rows: Iterable[tuple[int, int]]) -> tuple[int, int]:
-    """`offered` and `guestUsed` of one resource: the sums of the guests' quota rows'
-    (max, used)."""
-    offered = used = 0
-    for most, held in rows:
-        offered += most
-        used += held
-    return offered, used
-
-
 def overcommit(offered: int | None, allocatable: int) -> float | None:
-    """offered / allocatable: above 1, guests were promised more than the pool has."""
+    """offered / allocatable: above 1, guests were promised more than the pool has. The
+    value both reads show; `lending` ranks by the same quotient taken in SQL
+    (read_rules.capacity_lent's `overcommit`, as exact as this one)."""
     if offered is None or allocatable <= 0:
         return None
     return offered / allocatable
