@@ -23,8 +23,6 @@ builds the same JSON on both.
   statement, with the same function defined on its connections (`bc_cursor`,
   app/db/embedded.py's SQL_FUNCTIONS), so an answer with nothing else to finish is sent
   as the statement wrote it (json_reads.answer).
-- `CodePoint`: a string ordered by code point, as Python orders `str`: PostgreSQL's
-  database collation need not be (`COLLATE "C"`); SQLite's default (BINARY) is.
 - `ExactQuotient`: the double nearest a quotient of integers wider than a double holds
   (Python's `int / int`): PostgreSQL divides in numeric; SQLite calls Python
   (`bc_quotient`, defined on its connections as `bc_cursor` is).
@@ -51,7 +49,6 @@ from sqlalchemy import (
     FromClause,
     Join,
     Select,
-    String,
     func,
     literal_column,
     select,
@@ -145,16 +142,6 @@ per_dialect(
     sqlite="json(CASE WHEN ({0}) THEN 'true' WHEN NOT ({0}) THEN 'false' END)",
 )
 per_dialect(JsonCursor, postgresql="{0}", sqlite="bc_cursor({0})")
-
-
-class CodePoint(FunctionElement[str]):
-    """A string to order by, by code point (Python's order of `str`)."""
-
-    name, inherit_cache = "code_point", True
-    type = String()
-
-
-per_dialect(CodePoint, postgresql='({0} COLLATE "C")', sqlite="{0}")
 
 
 class ExactQuotient(FunctionElement[float]):

@@ -58,7 +58,8 @@ from sqlalchemy import (
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app.capacity.fields import CAPACITY_ORDER, RESERVATION_ORDER
-from app.capacity.json_sql import HALF, CodePoint, ExactQuotient, JsonIsEmptyObject
+from app.capacity.json_sql import HALF, ExactQuotient, JsonIsEmptyObject
+from app.db.collation import CodePoint
 from app.db.models import (
     ApiToken,
     AuthzRow,

@@ -59,6 +59,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
+from app.db.collation import CodePoint
 from app.db.engine import Executor
 from app.db.models import CapacityRow, QuotaRow
 from app.events.reader import PG_HORIZON
@@ -109,25 +110,6 @@ def _horizon_pg(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
     return PG_HORIZON  # the outbox's: this database's transactions only
 
 
-class _Bytewise(FunctionElement[str]):
-    """A text value ordered byte by byte (by code point), as Python orders `str`: the
-    relay compares marks in Python and the statement in SQL, so both must agree."""
-
-    type = String()
-    name = "bytewise"
-    inherit_cache = True
-
-
-@compiles(_Bytewise)
-def _bytewise(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.clauses, **kw)  # SQLite's BINARY collation
-
-
-@compiles(_Bytewise, "postgresql")
-def _bytewise_pg(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
-    return f'({compiler.process(element.clauses, **kw)} COLLATE "C")'
-
-
 @dataclass(frozen=True, slots=True, order=True)
 class UsageMark:
     """How far the stamps are read: every row stamped below `stamp`, and of those stamped
@@ -170,9 +152,9 @@ def _after(keyed: bool, stamp: Any, key: tuple[Any, ...]) -> Any:
     if not keyed:
         return true()
     marks = [bindparam(f"k{n}", type_=String()) for n in range(len(key))]
-    past: Any = _Bytewise(key[-1]) > marks[-1]
+    past: Any = CodePoint(key[-1]) > marks[-1]
     for column, value in zip(reversed(key[:-1]), reversed(marks[:-1]), strict=True):
-        past = or_(_Bytewise(column) > value, and_(column == value, past))
+        past = or_(CodePoint(column) > value, and_(column == value, past))
     return or_(stamp > bindparam("since", type_=BigInteger()), past)
 
 
@@ -197,7 +179,7 @@ def _stamped(keyed: bool, horizon: Any) -> Any:
                 stamp < horizon,
                 _after(keyed, stamp, key),
             )
-            .order_by(stamp, *(_Bytewise(c) for c in key))
+            .order_by(stamp, *(CodePoint(c) for c in key))
             .limit(bindparam("limit", type_=Integer()))
             .subquery()
         )
@@ -220,7 +202,7 @@ def _changes_statement(keyed: bool) -> Any:
         select(h.c.h, stamped.c.stamp, *key)
         .select_from(h)
         .outerjoin(stamped, true())
-        .order_by(stamped.c.stamp, *(_Bytewise(c) for c in key))
+        .order_by(stamped.c.stamp, *(CodePoint(c) for c in key))
         .limit(bindparam("limit", type_=Integer()))
     )
 
