@@ -297,6 +297,21 @@ class PrivatePostgres:
             *("-D", str(self.data), "-m", mode, "-W" if not wait else "-w", "stop"),
         )
 
+    async def refusing(self, within_s: float = 30.0) -> None:
+        """Wait until the postmaster has taken a shutdown in hand: `pg_ctl stop -W` returns
+        before it has, and a session that starts in between would keep a smart shutdown
+        waiting for ever."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                connection = await asyncpg.connect(self.dsn(), timeout=10)
+            except asyncpg.CannotConnectNowError:
+                return
+            await connection.close()
+            if time.monotonic() > deadline:
+                raise AssertionError("the private server still accepts connections")
+            await asyncio.sleep(0.02)
+
     async def wait_stopped(self, within_s: float = 60.0) -> None:
         pid_file = self.data / "postmaster.pid"
         await wait_for(lambda: not pid_file.exists(), within_s, "the private server to stop")

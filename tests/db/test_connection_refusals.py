@@ -176,9 +176,14 @@ async def test_a_server_shutting_down_and_restarting_is_503() -> None:
 
         async def fault() -> None:
             await server.stop("smart", wait=False)
+            await server.refusing()  # no session of the service's starts after this
             await held.execute(terminate_backends("datname = 'bc'"))
 
         async def heal() -> None:
+            # A session that was still starting when the ones of `bc` were ended had no
+            # database name yet; whatever is left but `held` ends now, or the smart
+            # shutdown waits for it.
+            await held.execute(terminate_backends("backend_type = 'client backend'"))
             await held.close()
             await server.wait_stopped()
             await server.start()
