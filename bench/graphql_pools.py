@@ -990,7 +990,12 @@ DIALECTS = {
 
 
 async def measure(
-    dialect: Dialect, store: Store, plan: Plan, generator: LoadGenerator, logs: Path
+    dialect: Dialect,
+    store: Store,
+    plan: Plan,
+    generator: LoadGenerator,
+    logs: Path,
+    only: list[str],
 ) -> None:
     servers: list[subprocess.Popen[bytes]] = []
     started = time.perf_counter()
@@ -1020,6 +1025,7 @@ async def measure(
                 for size in plan.sizes
             ]
             cases[1:1] = await one_pool_cases(seeded, service_client, floor_client)
+            cases = [c for c in cases if not only or any(o in c.name for o in only)]
             for case in cases:
                 case.statements = await count_statements(service_client, case)
             print(
@@ -1057,7 +1063,9 @@ async def measure(
             stop_server(process)
 
 
-async def run_dialect(dialect: Dialect, plan: Plan, generator: LoadGenerator, logs: Path) -> None:
+async def run_dialect(
+    dialect: Dialect, plan: Plan, generator: LoadGenerator, logs: Path, only: list[str]
+) -> None:
     async with dialect.store() as store:
         print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
         print(f"uptime at start: {uptime()}")
@@ -1066,11 +1074,11 @@ async def run_dialect(dialect: Dialect, plan: Plan, generator: LoadGenerator, lo
             f" {store.url}; floor: {dialect.floor_text}, its own uvicorn process",
             flush=True,
         )
-        await measure(dialect, store, plan, generator, logs)
+        await measure(dialect, store, plan, generator, logs, only)
         print(f"uptime at end: {uptime()}", flush=True)
 
 
-async def run(plan: Plan, prefer: str, dialects: list[Dialect]) -> None:
+async def run(plan: Plan, prefer: str, dialects: list[Dialect], only: list[str]) -> None:
     generator = ensure_generator(prefer)
     version = generator_version(generator)
     warm_up = (
@@ -1087,7 +1095,7 @@ async def run(plan: Plan, prefer: str, dialects: list[Dialect]) -> None:
     )
     with tempfile.TemporaryDirectory(prefix="bench-graphql-pools-") as logs:
         for dialect in dialects:
-            await run_dialect(dialect, plan, generator, Path(logs))
+            await run_dialect(dialect, plan, generator, Path(logs), only)
     print(
         "\nfloor/s, service/s: requests (pages) per second under load; p50/p99 the mean of the"
         " rounds' percentiles. stmts/req: the service's bettercompute_db_statements_total for"
@@ -1125,9 +1133,17 @@ def main(argv: list[str] | None = None) -> None:
         default="both",
         help="the database of the service and the floor (both: PostgreSQL, then SQLite)",
     )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="measure only the reads whose name holds one of these, comma-separated"
+        " (e.g. 'one pool,lending'); the others are still checked against the floor",
+    )
     args = parser.parse_args(argv)
     names = ("postgresql", "sqlite") if args.dialect == "both" else (args.dialect,)
-    asyncio.run(run(QUICK if args.quick else FULL, args.generator, [DIALECTS[n] for n in names]))
+    only = [o.strip() for o in args.only.split(",") if o.strip()]
+    plan = QUICK if args.quick else FULL
+    asyncio.run(run(plan, args.generator, [DIALECTS[n] for n in names], only))
 
 
 if __name__ == "__main__":
