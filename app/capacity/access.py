@@ -44,11 +44,17 @@ async def resolve_actor(
     decision is only whether the caller may act for the tenant: the permission is decided
     on the pool once it is visible, so a pool the tenant cannot see is NOT_FOUND whatever
     the caller's role (CONTRACT 2)."""
+    decide_actor(principal, tenant_id, method)
+    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
+
+
+def decide_actor(principal: Principal, tenant_id: str, method: Method) -> None:
+    """`resolve_actor`'s decision alone, for a write that needs no lineage (it checks the
+    tenant exists by a column of its own first read: reads.TENANT_KNOWN)."""
     if method.resource_type == "compute-pool":
         decide_acting_for(principal, tenant_id)
     else:
         decide_tenant(principal, tenant_id, method.permission)
-    return Actor(principal, tenant_id, await load_lineage(executor, tenant_id))
 
 
 def attributes_of(row: AuthzRow) -> PoolAttributes:

@@ -38,18 +38,30 @@ class IdempotentCreate:
         if self.key is None:
             return False
         stored = (await _statements(statements).execute(_STORED, {"rid": self.resource_id})).first()
-        if stored is None:
+        return self.repeats(None if stored is None else stored.fingerprint)
+
+    def repeats(self, stored: dict[str, Any] | None) -> bool:
+        """`is_retry` over the fingerprint already read (`STORED_FINGERPRINT`, folded into a
+        write's first read): None when no first call made `resource_id`."""
+        if self.key is None or stored is None:
             return False
-        if stored.fingerprint != self.fingerprint:
+        if stored != self.fingerprint:
             raise Conflict(self.conflict, field="idempotencyKey")
         return True
 
     async def remember(self, statements: SessionStatements | AsyncSession) -> None:
         """Record the call first: a concurrent twin fails on this key (an IntegrityError)
         and retries as a read."""
+        record = self.record()
+        if record is not None:
+            await _statements(statements).execute(_REMEMBER, record)
+
+    def record(self) -> dict[str, Any] | None:
+        """The row `remember` inserts (None without a key), for a write that inserts it
+        beside its own rows in one statement."""
         if self.key is None:
-            return
-        record = {
+            return None
+        return {
             "resource_id": self.resource_id,
             "method": self.method,
             "tenant_id": self.tenant_id,
@@ -58,13 +70,15 @@ class IdempotentCreate:
             "fingerprint": self.fingerprint,
             "created_at": utcnow(),
         }
-        await _statements(statements).execute(_REMEMBER, record)
 
 
 _RECORDS: Table = IdempotencyRecord.__table__  # type: ignore[assignment]
 # Built once (the unit of work's statements run them).
 _STORED = select(_RECORDS.c.fingerprint).where(_RECORDS.c.resource_id == bindparam("rid"))
+# The same, as a column of a write's first read (bound `rid`: the call's resource_id).
+STORED_FINGERPRINT = _STORED.scalar_subquery()
 _REMEMBER = insert(_RECORDS)
+RECORDS = _RECORDS
 
 
 def _statements(given: SessionStatements | AsyncSession) -> SessionStatements:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import BigInteger, Select, String, Table, bindparam, func, insert, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.capacity.access import (
     POOL_COLUMNS,
     LockedPool,
     check_version,
+    decide_actor,
     lock_owned_pool,
     lock_owned_pool_row,
     resolve_actor,
 )
 from app.capacity.changes import Change, change, label_changes, policy_changes
-from app.capacity.idempotency import IdempotentCreate
+from app.capacity.fields import QUOTA_ORDER
+from app.capacity.idempotency import RECORDS, STORED_FINGERPRINT, IdempotentCreate
 from app.capacity.impact import archive_impact
 from app.capacity.inputs import (
     ArchivePoolInput,
@@ -25,12 +29,17 @@ from app.capacity.inputs import (
 )
 from app.capacity.offers import offer_rows, offers_on, withdraw_guest_offers
 from app.capacity.policy import PolicyContext, validate_policy
-from app.capacity.pool_reads import owned_parts, owned_pool_detail, pool_detail
+from app.capacity.pool_reads import OwnedParts, owned_parts, owned_pool_detail, pool_detail
 from app.capacity.pool_rows import write_pool
-from app.capacity.projection import put_authz_row, refresh_authz_rows
+from app.capacity.projection import authz_values, refresh_authz_rows
+from app.capacity.read_rules import caller_live
 from app.capacity.reads import (
+    TENANT_KNOWN,
     Actor,
+    OfferQuota,
     load_lineage,
+    owned_parts_of,
+    tenant_not_found,
 )
 from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
@@ -42,6 +51,7 @@ from app.catalog import (
     UPDATE_POOL,
 )
 from app.db.models import (
+    AuthzRow,
     Offer,
     Pool,
     ProviderAccount,
@@ -102,42 +112,56 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         "or provider account",
     )
     pool_id = call.resource_id
-    if await call.is_retry(statements):
+    # What create checks before it writes, read in one statement (`_CREATE_FACTS`), its
+    # rules then applied in their order: the first call's record, the tenant decision, the
+    # tenant (no lineage: the owner acts for itself), the site, the provider account.
+    facts = (
+        await statements.execute(
+            _CREATE_FACTS,
+            {
+                "rid": pool_id,
+                "tenant_id": inp.tenant_id,
+                "site": inp.site_id,
+                "account": inp.provider_account_id,
+                **uow.caller_params(),
+            },
+        )
+    ).one()
+    uow.caller_seen(facts.caller_live)
+    if call.repeats(facts.stored):
         # The first call's decision stands: no second IAM decision, no second event.
         actor = Actor(principal, inp.tenant_id, await load_lineage(statements, inp.tenant_id))
         return await pool_detail(statements, actor, pool_id)
 
-    actor = await resolve_actor(statements, principal, inp.tenant_id, CREATE_POOL)
-    site = (await statements.execute(_SITE, {"site": inp.site_id})).first()
-    if site is None or site.tenant_id != actor.tenant_id:
+    decide_actor(principal, inp.tenant_id, CREATE_POOL)
+    if not facts.tenant_known:
+        raise tenant_not_found(inp.tenant_id)
+    if facts.site_tenant_id is None or facts.site_tenant_id != inp.tenant_id:
         raise NotFound(f"site {inp.site_id} not found", field="siteId")
-    if inp.provider_account_id is not None:
-        account = await statements.scalar(_ACCOUNT_TENANT, {"account": inp.provider_account_id})
-        if account != actor.tenant_id:
-            raise NotFound(
-                f"provider account {inp.provider_account_id} not found", field="providerAccountId"
-            )
+    if inp.provider_account_id is not None and facts.account_tenant != inp.tenant_id:
+        raise NotFound(
+            f"provider account {inp.provider_account_id} not found", field="providerAccountId"
+        )
     policy = validate_policy(
         inp.policy if inp.policy is not None else {},
-        PolicyContext(pool_class=inp.pool_class, sharing=inp.sharing, site_kind=site.kind),
+        PolicyContext(pool_class=inp.pool_class, sharing=inp.sharing, site_kind=facts.site_kind),
     )
-    attributes = PoolAttributes(inp.gpu_model, inp.pool_class, inp.sharing, site.region, True)
+    attributes = PoolAttributes(inp.gpu_model, inp.pool_class, inp.sharing, facts.site_region, True)
     # A narrowed binding may only create pools it could then manage.
     decide_pool(principal, CREATE_POOL.permission, attributes)
 
-    await call.remember(statements)
     now = utcnow()
     pool = LockedPool(
         id=pool_id,
-        tenant_id=actor.tenant_id,
-        site_id=site.id,
+        tenant_id=inp.tenant_id,
+        site_id=inp.site_id,
         pool_class=inp.pool_class,
         gpu_model=inp.gpu_model,
         sharing=inp.sharing,
         agent=agent,
         policy=policy,
         provider_account_id=inp.provider_account_id,
-        region=site.region,
+        region=facts.site_region,
         display_name=inp.display_name or None,
         labels=dict(inp.labels or {}),
         archived=False,
@@ -145,26 +169,16 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
         created_at=now,
         updated_at=now,
     )
-    await statements.execute(_ADD_POOL, {n: getattr(pool, n) for n in POOL_COLUMNS})
-    note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
-    owner = {"pool_id": pool_id, "tenant_id": actor.tenant_id}
-    await statements.execute(
-        _ADD_OFFER, {**owner, "include_descendants": False, "priority": 0, "created_at": now}
-    )
     quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
-    await statements.execute_many(
-        _ADD_QUOTA, [{**owner, "resource": r, "max": m, "used": 0} for r, m in quota.items()]
-    )
-    await put_authz_row(
-        statements, pool, actor.tenant_id, include_descendants=False, new_offer=True
-    )
+    parts = await _add_pool_rows(uow, call, pool, quota)
+    note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
     uow.emit(
         PendingEvent(
             type="pool.created",
             pool_id=pool_id,
-            tenant_id=actor.tenant_id,
+            tenant_id=inp.tenant_id,
             data={
-                "siteId": site.id,
+                "siteId": inp.site_id,
                 "class": inp.pool_class,
                 "sharing": inp.sharing,
                 "gpuModel": inp.gpu_model,
@@ -172,22 +186,143 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
                 "labels": pool.labels,
                 "version": 1,
             },
-            audience=frozenset({actor.tenant_id}),
+            audience=frozenset({inp.tenant_id}),
         )
     )
-    return await owned_pool_detail(statements, principal, pool)
+    return await owned_pool_detail(statements, principal, pool, parts)
+
+
+async def _add_pool_rows(
+    uow: UnitOfWork, call: IdempotentCreate, pool: LockedPool, quota: dict[str, int]
+) -> OwnedParts | None:
+    """A new pool's rows: the call's record (first: a concurrent twin fails on its key and
+    retries as a read), the pool, its owner's offer and quota rows, the owner's authz row.
+    On PostgreSQL one statement (`_ADD_ROWS`) that returns the quota rows as written, in
+    their order, so the answer needs no read back (its parts); elsewhere a statement per
+    kind of row, and None: the answer reads them."""
+    statements = uow.statements
+    owner = {"pool_id": pool.id, "tenant_id": pool.tenant_id}
+    offer: dict[str, Any] = {
+        **owner,
+        "include_descendants": False,
+        "priority": 0,
+        "created_at": pool.created_at,
+    }
+    authz = {**owner, **authz_values(pool, pool.tenant_id, include_descendants=False)}
+    record = call.record()
+    pool_row = {name: getattr(pool, name) for name in POOL_COLUMNS}
+    if uow.dialect == "postgresql":
+        params = {
+            **_named("pool_", pool_row),
+            **_named("offer_", offer),
+            **_named("authz_", authz),
+            **_named("record_", record or {}),
+            "quota_pool": pool.id,
+            "quota_tenant": pool.tenant_id,
+            "quota_resources": list(quota),
+            "quota_maxes": list(quota.values()),
+        }
+        written = (await statements.execute(_ADD_ROWS[record is not None], params)).all()
+        rows = [
+            OfferQuota(**offer, resource=q.resource, max=q.max, used=q.used) for q in written
+        ] or [OfferQuota(**offer, resource=None, max=None, used=None)]
+        return owned_parts_of(pool, rows)
+    if record is not None:
+        await statements.execute(_REMEMBER, record)
+    await statements.execute(_ADD_POOL, pool_row)
+    await statements.execute(_ADD_OFFER, offer)
+    await statements.execute_many(
+        _ADD_QUOTA, [{**owner, "resource": r, "max": m, "used": 0} for r, m in quota.items()]
+    )
+    await statements.execute(_ADD_AUTHZ, authz)
+    return None
+
+
+def _named(prefix: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {prefix + key: value for key, value in row.items()}
 
 
 _SITES: Table = Site.__table__  # type: ignore[assignment]
 _ACCOUNTS: Table = ProviderAccount.__table__  # type: ignore[assignment]
-# What create reads and writes, built once.
-_SITE = select(_SITES.c.id, _SITES.c.tenant_id, _SITES.c.kind, _SITES.c.region).where(
-    _SITES.c.id == bindparam("site")
+_POOLS: Table = Pool.__table__  # type: ignore[assignment]
+_OFFERS: Table = Offer.__table__  # type: ignore[assignment]
+_QUOTAS: Table = QuotaRow.__table__  # type: ignore[assignment]
+_AUTHZ: Table = AuthzRow.__table__  # type: ignore[assignment]
+
+
+def _site_column(name: str) -> Any:
+    return (
+        select(_SITES.c[name])
+        .where(_SITES.c.id == bindparam("site"))
+        .scalar_subquery()
+        .label(f"site_{name}")
+    )
+
+
+# What create reads, built once: one row whatever is missing (a column is NULL then).
+_CREATE_FACTS = select(
+    STORED_FINGERPRINT.label("stored"),
+    TENANT_KNOWN.label("tenant_known"),
+    _site_column("tenant_id"),
+    _site_column("kind"),
+    _site_column("region"),
+    select(_ACCOUNTS.c.tenant_id)
+    .where(_ACCOUNTS.c.id == bindparam("account"))
+    .scalar_subquery()
+    .label("account_tenant"),
+    caller_live(bindparam("token", type_=String()), bindparam("role", type_=String())).label(
+        "caller_live"
+    ),
 )
-_ACCOUNT_TENANT = select(_ACCOUNTS.c.tenant_id).where(_ACCOUNTS.c.id == bindparam("account"))
-_ADD_POOL = insert(Pool.__table__)  # type: ignore[arg-type]
-_ADD_OFFER = insert(Offer.__table__)  # type: ignore[arg-type]
-_ADD_QUOTA = insert(QuotaRow.__table__)  # type: ignore[arg-type]
+# What create writes, a statement per kind of row (SQLite) ...
+_REMEMBER = insert(RECORDS)
+_ADD_POOL = insert(_POOLS)
+_ADD_OFFER = insert(_OFFERS)
+_ADD_QUOTA = insert(_QUOTAS)
+_ADD_AUTHZ = insert(_AUTHZ)
+
+
+def _inserted(table: Table, prefix: str, keys: Sequence[str]) -> Any:
+    """`table`'s INSERT of one row, its values bound by name (a CTE's INSERT takes none
+    from the execution's parameters)."""
+    return insert(table).values(
+        {key: bindparam(prefix + key, type_=table.c[key].type) for key in keys}
+    )
+
+
+def _add_rows(with_record: bool) -> Select[Any]:
+    """... or all of them in one (PostgreSQL: data-modifying CTEs; the foreign keys are
+    checked at the statement's end), returning the quota rows in their read order."""
+    quotas = (
+        insert(_QUOTAS)
+        .from_select(
+            ["pool_id", "tenant_id", "resource", "max", "used"],
+            select(
+                bindparam("quota_pool", type_=_QUOTAS.c.pool_id.type),
+                bindparam("quota_tenant", type_=_QUOTAS.c.tenant_id.type),
+                func.unnest(bindparam("quota_resources", type_=ARRAY(_QUOTAS.c.resource.type))),
+                func.unnest(bindparam("quota_maxes", type_=ARRAY(BigInteger()))),
+                literal(0, BigInteger()),
+            ),
+        )
+        .returning(_QUOTAS.c.resource, _QUOTAS.c.max, _QUOTAS.c.used)
+        .cte("new_quotas")
+    )
+    written = [
+        _inserted(_POOLS, "pool_", POOL_COLUMNS).cte("new_pool"),
+        _inserted(_OFFERS, "offer_", [c.key for c in _OFFERS.c]).cte("new_offer"),
+        _inserted(_AUTHZ, "authz_", [c.key for c in _AUTHZ.c]).cte("new_authz"),
+    ]
+    if with_record:
+        written.insert(0, _inserted(RECORDS, "record_", [c.key for c in RECORDS.c]).cte("record"))
+    return (
+        select(quotas.c.resource, quotas.c.max, quotas.c.used)
+        .add_cte(*written)
+        .order_by(*(quotas.c[str(c.key)] for c in QUOTA_ORDER))
+    )
+
+
+_ADD_ROWS = {False: _add_rows(False), True: _add_rows(True)}
 
 
 # -- update --------------------------------------------------------------------------------

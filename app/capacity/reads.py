@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from sqlalchemy import Column, Row, Select, bindparam, select
+from sqlalchemy import Column, Row, Select, bindparam, exists, select
 
 from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
@@ -37,7 +37,7 @@ from app.capacity.views import (
     StoredPool,
 )
 from app.db.engine import Executor
-from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation
+from app.db.models import AuthzRow, CapacityRow, Offer, Pool, QuotaRow, Reservation, Tenant
 from app.errors import NotFound
 from app.iam.decisions import PoolAttributes
 from app.iam.principal import Principal
@@ -70,8 +70,17 @@ async def load_lineage(executor: Executor, tenant_id: str) -> tuple[str, ...]:
     """The tenant and its ancestors, nearest first; NOT_FOUND for an unknown tenant."""
     rows = (await executor.execute(_LINEAGE, {"tenant_id": tenant_id})).all()
     if not rows:
-        raise NotFound(f"tenant {tenant_id} not found", field="tenantId")
+        raise tenant_not_found(tenant_id)
     return tuple(r.id for r in rows)
+
+
+def tenant_not_found(tenant_id: str) -> NotFound:
+    return NotFound(f"tenant {tenant_id} not found", field="tenantId")
+
+
+# Whether the bound `tenant_id` names a tenant: a column of a write's first read that
+# needs no lineage (pools.create), NOT_FOUND (`tenant_not_found`) when false.
+TENANT_KNOWN = exists().where(Tenant.id == bindparam("tenant_id"))
 
 
 def _grant_clause(tenant: Any, ancestors: Any | None) -> Any:
@@ -373,6 +382,27 @@ async def offers_and_own_quotas(
     to the owner (its own offer their grant: the owner's offer is never withdrawn), from
     the same statement: an owned pool's two parts in one round trip."""
     rows = (await executor.execute(_OFFERS_OF, {"pool_ids": [pool.id]})).all()
+    return owned_parts_of(pool, rows)
+
+
+class OfferQuota(NamedTuple):
+    """One row as `_OFFERS_OF` gives it: an offer with one of its quota rows (resource
+    None: it holds none)."""
+
+    pool_id: str
+    tenant_id: str
+    include_descendants: bool
+    priority: int
+    created_at: Any
+    resource: str | None
+    max: Any
+    used: Any
+
+
+def owned_parts_of(
+    pool: StoredPool, rows: Sequence[Any]
+) -> tuple[tuple[OfferView, ...], tuple[QuotaView, ...]]:
+    """`offers_and_own_quotas` over its rows, read or known (a create's, as it wrote them)."""
     own = tuple(
         QuotaView(
             r.resource,

@@ -26,11 +26,13 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # carries the caller's check and needs no lineage, an owned pool's answer is built from
 # the locked row with its offers and the owner's quota rows in one read (an update reads
 # them first, for its rules and event too), what an offer checks before it writes is one
-# read (offers._OFFER_FACTS), an event and its audience are one statement.
-# SQLite writes the audience apart and runs no driver path.
+# read (offers._OFFER_FACTS), an event and its audience are one statement. A create reads
+# what it checks in one statement (the record, tenant, site, account, caller: 9 before)
+# and, on PostgreSQL, writes its rows in one that returns the quota rows for its answer.
+# SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
-        "create": 9,
+        "create": 3,
         "offer (new)": 11,
         "offer (resize)": 11,
         "update (policy)": 6,
@@ -39,7 +41,7 @@ STATEMENTS = {
         "archive": 9,
     },
     "sqlite": {
-        "create": 12,
+        "create": 11,
         "offer (new)": 15,
         "offer (resize)": 15,
         "update (policy)": 10,
