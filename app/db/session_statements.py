@@ -231,7 +231,11 @@ class SessionStatements:
         return IteratorResult(SimpleResultMetaData(compiled.keys), iter(compiled.rows(records)))
 
     async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
-        """`statement` once per row, as one executemany on the plain path."""
+        """`statement` once per row, as one executemany on the plain path; a single row
+        as `execute` runs it (the driver path, where the fence allows)."""
+        if len(rows) == 1:
+            await self.execute(statement, rows[0])
+            return
         session = self.session
         if session.new or session.dirty or session.deleted:
             await session.flush()
