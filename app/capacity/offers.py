@@ -5,7 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, delete, exists, func, insert, select, update
+from sqlalchemy import (
+    Table,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -139,15 +150,23 @@ _DELETE_GUEST_OFFERS = (
 _WITHDRAWN_ROWS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(
     bindparam("tenants", expanding=True)
 )
-# Rows are locked in resource order first (tenant by tenant), as bookings and releases
-# take them; then they drop to what is in use.
+# The rows drop to what is in use, in one statement that first locks them in resource
+# order (tenant by tenant), as bookings and releases take them: its subquery's FOR
+# UPDATE locks rows in its ORDER BY's order before the UPDATE writes them.
 _LOCK_WITHDRAWN = (
-    select(_QUOTAS.c.resource)
+    select(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
     .where(_WITHDRAWN_ROWS)
     .order_by(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
     .with_for_update()
 )
-_DROP_WITHDRAWN = update(_QUOTAS).where(_WITHDRAWN_ROWS).values(max=_QUOTAS.c.used)
+_DROP_WITHDRAWN = (
+    update(_QUOTAS)
+    .where(
+        _WITHDRAWN_ROWS,
+        tuple_(_QUOTAS.c.tenant_id, _QUOTAS.c.resource).in_(_LOCK_WITHDRAWN),
+    )
+    .values(max=_QUOTAS.c.used)
+)
 
 
 # An offer with its tenant's quota rows (none, or one row per resource); built once.
@@ -234,9 +253,7 @@ async def _withdrawn(
     gone = set(tenant_ids)
     forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
     await remove_authz_rows(statements, pool_id, tenant_ids)
-    params = {"pool_key": pool_id, "tenants": list(tenant_ids)}
-    await statements.execute(_LOCK_WITHDRAWN, params)
-    await statements.execute(_DROP_WITHDRAWN, params)
+    await statements.execute(_DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)})
     sync_loaded(
         statements,
         QuotaRow,
@@ -276,12 +293,18 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     )
     after_quota = {r: q.max for r, q in rows.items()}
     flags = {"include_descendants": inp.include_descendants, "priority": inp.priority}
+    # A resize that keeps the offer's flags leaves its row, and its authz row (the pool's
+    # attributes and includeDescendants), as they are.
+    flags_moved = offer is not None and (offer.include_descendants, offer.priority) != (
+        inp.include_descendants,
+        inp.priority,
+    )
     if offer is None:
         await statements.execute(
             _ADD_OFFER,
             {"pool_id": pool.id, "tenant_id": inp.to_tenant_id, **flags, "created_at": utcnow()},
         )
-    else:
+    elif flags_moved:
         await statements.execute(_SET_OFFER, {**at, **flags})
     added: list[dict[str, Any]] = []
     resized: list[dict[str, Any]] = []
@@ -315,7 +338,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             ),
             lambda q: {"max": new_max[q.resource]},
         )
-    if offer is not None:
+    if flags_moved:
         sync_loaded(
             statements,
             Offer,
@@ -323,13 +346,14 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             lambda _: flags,
         )
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
-    await put_authz_row(
-        statements,
-        pool,
-        inp.to_tenant_id,
-        include_descendants=inp.include_descendants,
-        new_offer=offer is None,
-    )
+    if offer is None or offer.include_descendants != inp.include_descendants:
+        await put_authz_row(
+            statements,
+            pool,
+            inp.to_tenant_id,
+            include_descendants=inp.include_descendants,
+            new_offer=offer is None,
+        )
     pool = await write_pool(statements, pool, next_version(pool))
     uow.emit(
         PendingEvent(

@@ -28,26 +28,28 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # them first, for its rules and event too), what an offer checks before it writes is one
 # read (offers._OFFER_FACTS), an event and its audience are one statement. A create reads
 # what it checks in one statement (the record, tenant, site, account, caller: 9 before)
-# and, on PostgreSQL, writes its rows in one that returns the quota rows for its answer.
+# and, on PostgreSQL, writes its rows in one that returns the quota rows for its answer; a
+# resize that keeps the offer's flags leaves the offer and authz rows unwritten; withdrawn
+# quota rows are locked and dropped in one statement (unoffer, archive).
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
         "create": 3,
         "offer (new)": 11,
-        "offer (resize)": 11,
+        "offer (resize)": 9,
         "update (policy)": 6,
         "update (gpuModel)": 6,
-        "unoffer": 8,
-        "archive": 9,
+        "unoffer": 7,
+        "archive": 8,
     },
     "sqlite": {
         "create": 11,
         "offer (new)": 15,
-        "offer (resize)": 15,
+        "offer (resize)": 13,
         "update (policy)": 10,
         "update (gpuModel)": 10,
-        "unoffer": 12,
-        "archive": 13,
+        "unoffer": 11,
+        "archive": 12,
     },
 }
 
