@@ -22,10 +22,11 @@ tested (tests/db/test_session_statements.py).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVarTuple, overload
 
@@ -144,6 +145,7 @@ class DriverStatements:
 
     def __init__(self, dialect: Dialect) -> None:
         self._dialect = dialect
+        self.begins = _begin_problem() is None
         self._compiled: OrderedDict[tuple[int, tuple[str, ...] | None], DriverStatement | None]
         self._compiled = OrderedDict()
         # Statements seen once (held weakly: one built per call is gone by the next call).
@@ -184,6 +186,7 @@ class SessionStatements:
         self._driver = driver
         self._connection: AsyncConnection | None = None
         self._raw: Any = None
+        self._begin: Callable[[], Awaitable[None]] | None = None
 
     async def connection(self) -> AsyncConnection:
         if self._connection is None:
@@ -191,7 +194,23 @@ class SessionStatements:
             if self._driver is not None:
                 raw = await self._connection.get_raw_connection()
                 self._raw = raw.driver_connection
+                adapter: Any = raw.dbapi_connection  # SQLAlchemy's asyncpg adapter
+                if self._driver.begins:
+                    self._begin = adapter._start_transaction
         return self._connection
+
+    async def _began(self) -> None:
+        """BEGIN as SQLAlchemy's asyncpg adapter sends it before its first statement (its
+        own `_start_transaction`, so it commits and rolls back as ever), without a
+        statement of the plain path around it: the write's first statement then takes the
+        driver path too. If BEGIN fails (a connection found dead), the plain path runs
+        the statement and meets the fault as SQLAlchemy reports it (invalidation, retry)."""
+        assert self._begin is not None
+        begin, self._begin = self._begin, None
+        try:
+            await begin()
+        except Exception:
+            log.debug("BEGIN on the driver failed; the plain path runs the statement")
 
     @overload
     async def execute(
@@ -212,6 +231,9 @@ class SessionStatements:
         compiled = None
         # A closed connection (asyncpg's is_in_transaction fails on one) takes the plain
         # path, where SQLAlchemy sees the disconnect and invalidates it.
+        begins = self._begin is not None and raw is not None
+        if begins and not raw.is_closed() and not raw.is_in_transaction():
+            await self._began()
         if raw is not None and not raw.is_closed() and raw.is_in_transaction():
             assert self._driver is not None
             compiled = self._driver.get(statement, params or {})  # never an ORM one
@@ -273,6 +295,24 @@ def driver_statements(dialect: Dialect, *, enabled: bool) -> DriverStatements | 
         log.warning("driver statements cannot run (%s); the plain path serves instead", problem)
         return None
     return DriverStatements(dialect)
+
+
+def _begin_problem() -> str | None:
+    """Why BEGIN cannot be sent as SQLAlchemy's asyncpg adapter sends it (a library
+    internal: its `_start_transaction` coroutine), or None. With a
+    problem, a write's first statement takes the plain path, which begins the
+    transaction itself (one warning)."""
+    from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+    begin = getattr(AsyncAdapt_asyncpg_connection, "_start_transaction", None)
+    if not inspect.iscoroutinefunction(begin):
+        problem = "SQLAlchemy's asyncpg adapter has no _start_transaction coroutine"
+    elif list(inspect.signature(begin).parameters) != ["self"]:
+        problem = "SQLAlchemy's asyncpg adapter's _start_transaction takes arguments"
+    else:
+        return None
+    log.warning("a write's first statement takes the plain path (%s)", problem)
+    return problem
 
 
 def _driver_problem(dialect: Dialect) -> str | None:
