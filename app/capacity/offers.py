@@ -29,10 +29,9 @@ from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
 from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
-from app.capacity.pool_reads import owned_pool_detail, pool_detail
+from app.capacity.pool_reads import offered_pool_detail, owned_pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
-from app.capacity.projection import put_authz_row, remove_authz_rows
-from app.capacity.reads import Actor, load_lineage
+from app.capacity.projection import authz_values, put_authz_row, remove_authz_rows
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.engine import Executor
@@ -346,6 +345,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             lambda _: flags,
         )
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
+    authz_row = authz_values(pool, inp.to_tenant_id, inp.include_descendants)
     if offer is None or offer.include_descendants != inp.include_descendants:
         await put_authz_row(
             statements,
@@ -374,11 +374,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     # The seed: "returns the pool as that tenant sees it", the offered tenant.
     if inp.to_tenant_id == pool.tenant_id:
         return await owned_pool_detail(statements, principal, pool)
-    lineage = (
-        await load_lineage(statements, inp.to_tenant_id) if target_exists else (inp.to_tenant_id,)
-    )
-    seen_by = Actor(principal, inp.to_tenant_id, lineage)
-    return await pool_detail(statements, seen_by, pool.id)
+    return await offered_pool_detail(statements, principal, pool, inp.to_tenant_id, authz_row)
 
 
 async def unoffer_pool(

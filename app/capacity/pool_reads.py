@@ -10,6 +10,7 @@ the statements behind a page do not grow with it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from app.capacity.access import (
     capacity_denied,
@@ -27,6 +28,7 @@ from app.capacity.reads import (
     offers_of,
     owned_pool_view,
     reservations_pages,
+    seen_through_own_row,
     visible_pool,
     visible_pools,
 )
@@ -138,6 +140,21 @@ async def owned_pool_detail(
         return detail
     offers, quotas = parts if parts is not None else await offers_and_own_quotas(executor, pool)
     return PoolDetail(view, quotas, offers)
+
+
+async def offered_pool_detail(
+    executor: Executor,
+    principal: Principal,
+    pool: StoredPool,
+    tenant_id: str,
+    authz_row: dict[str, Any],
+) -> PoolDetail:
+    """`pool_detail` of a pool just offered to `tenant_id`, as that tenant sees it: the
+    view granted by the tenant's own authz row (reads.seen_through_own_row, as the offer
+    wrote or kept it), its parts read as any view's (its own quota rows: one statement)."""
+    view = seen_through_own_row(principal, pool, tenant_id, authz_row)
+    (detail,) = await read_parts(executor, principal, [view], DETAIL_PARTS)
+    return detail
 
 
 def _readable(principal: Principal, views: Sequence[PoolView]) -> list[PoolView]:

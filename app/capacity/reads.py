@@ -244,6 +244,19 @@ class _GrantRow(NamedTuple):
     owned: bool
 
 
+def seen_through_own_row(
+    principal: Principal, pool: StoredPool, tenant_id: str, row: dict[str, Any]
+) -> PoolView:
+    """`visible_pool` for a tenant that holds its own authz row on the pool (`row`, as
+    projection.authz_values writes it), on a pool that is not archived: the row
+    `nearest_grant` takes first whatever the tenant's ancestors hold, so neither the
+    lineage nor a read is needed. For a write that holds the pool and wrote or kept the
+    row (an offer, answered as the offered tenant sees the pool)."""
+    actor = Actor(principal, tenant_id, (tenant_id,))
+    grant = _best_grants(actor, [_GrantRow(tenant_id=tenant_id, pool_id=pool.id, **row)])
+    return _pool_view(pool, tenant_id, grant[pool.id])
+
+
 def _visible_pool_with_grants(with_ancestors: bool) -> Select[Any]:
     """The pool if the actor sees it, once per authz row that could grant it: the rows of
     `_visible_pools_query` and of `load_grants`, in one statement (bound: tenant_id,

@@ -30,13 +30,14 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # what it checks in one statement (the record, tenant, site, account, caller: 9 before)
 # and, on PostgreSQL, writes its rows in one that returns the quota rows for its answer; a
 # resize that keeps the offer's flags leaves the offer and authz rows unwritten; withdrawn
-# quota rows are locked and dropped in one statement (unoffer, archive).
+# quota rows are locked and dropped in one statement (unoffer, archive); an offer to a
+# guest answers from the guest's own authz row, as written, with its quota rows read.
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
         "create": 3,
-        "offer (new)": 11,
-        "offer (resize)": 9,
+        "offer (new)": 9,
+        "offer (resize)": 7,
         "update (policy)": 6,
         "update (gpuModel)": 6,
         "unoffer": 7,
@@ -44,8 +45,8 @@ STATEMENTS = {
     },
     "sqlite": {
         "create": 11,
-        "offer (new)": 15,
-        "offer (resize)": 13,
+        "offer (new)": 13,
+        "offer (resize)": 11,
         "update (policy)": 10,
         "update (gpuModel)": 10,
         "unoffer": 11,
