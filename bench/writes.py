@@ -492,12 +492,20 @@ def tree(pid: int) -> list[int]:
     return found
 
 
+def _this_checkout() -> str:
+    """PYTHONPATH with this checkout first: the venv's `bettercompute` script imports the
+    checkout the venv was installed from, which a git worktree sharing the venv is not."""
+    given = os.environ.get("PYTHONPATH")
+    root = str(Path(__file__).resolve().parents[1])
+    return root if not given else os.pathsep.join((root, given))
+
+
 def start_serve(
     url: str, workers: int, log: Path, broadcast: bool
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     binary = Path(sys.executable).with_name("bettercompute")
-    env = {**os.environ, "BETTERCOMPUTE_DATABASE_URL": url}
+    env = {**os.environ, "BETTERCOMPUTE_DATABASE_URL": url, "PYTHONPATH": _this_checkout()}
     if broadcast:
         env["BETTERCOMPUTE_BROADCAST_URL"] = REDIS_URL
     with log.open("wb") as out:
