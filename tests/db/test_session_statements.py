@@ -167,3 +167,48 @@ def test_asyncpgs_closed_connection_error_is_unavailable() -> None:
     closed = asyncpg.InterfaceError("cannot perform operation: connection is closed")
     assert isinstance(to_domain_error(_adapted(closed, "SELECT 1")), Unavailable)
     assert not isinstance(to_domain_error(closed), Unavailable)  # what it was before
+
+
+@pytest.mark.parametrize("begins", [True, False], ids=["driver-begin", "adapter-changed"])
+async def test_a_write_begins_on_the_driver_or_leaves_begin_to_the_plain_path(
+    database_url: str, begins: bool, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEGIN is sent as SQLAlchemy's asyncpg adapter sends it, so the first statement of a
+    unit of work takes the driver path; an adapter whose `_start_transaction` changed shape
+    (as an upgrade could) is found at start-up, and then the plain path begins it: the same
+    rows, committed and rolled back alike."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the driver path is PostgreSQL's")
+    if not begins:
+        from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+        original = AsyncAdapt_asyncpg_connection._start_transaction
+
+        async def widened(self: AsyncAdapt_asyncpg_connection, isolation: str = "") -> None:
+            await original(self)  # SQLAlchemy's own call still works
+
+        monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "_start_transaction", widened)
+    await fleet.tenant("acme")
+    db = create_database(database_url, Settings(compiled_reads=True))
+    try:
+        if db.pooled_by_transaction:
+            pytest.skip("behind PgBouncer the plain path serves")
+        assert db.driver is not None and db.driver.begins is begins
+        async with UnitOfWork(db) as uow:  # seen once: the plain path
+            await uow.statements.execute(_RENAME, {"tenant": "acme", "parent_id": None})
+        with pytest.raises(RuntimeError):
+            async with UnitOfWork(db) as uow:
+                # The first statement of this unit of work, compiled: on the driver after
+                # a driver BEGIN, else on the plain path, which began the transaction.
+                await uow.statements.execute(_RENAME, {"tenant": "acme", "parent_id": "acme"})
+                raw = await (await uow.statements.connection()).get_raw_connection()
+                assert raw.driver_connection is not None
+                assert raw.driver_connection.is_in_transaction()
+                raise RuntimeError("rolled back")
+        async with UnitOfWork(db) as uow:
+            await uow.statements.execute(_NAMED, {"tenant": "acme"})
+            await uow.statements.execute(_RENAME, {"tenant": "acme", "parent_id": None})
+        async with db.reader.connect() as conn:
+            assert (await conn.execute(_NAMED, {"tenant": "acme"})).one().parent_id is None
+    finally:
+        await db.dispose()
