@@ -163,7 +163,11 @@ class Settings(BaseSettings):
     )
     # The database connection budget per process and how long anything may wait on the
     # database (docs/operations.md "Connection budget"); past a bound a request answers UNAVAILABLE.
-    db_pool_size: int = setting(10, "PostgreSQL connections per process kept open")
+    # The whole budget kept open once opened: SQLAlchemy closes an overflow connection as
+    # soon as it is returned, so load past the pool opened and closed a backend per request.
+    db_pool_size: int = setting(
+        20, "PostgreSQL connections per process, opened on demand and kept open"
+    )
     db_direct_pool_size: int = setting(
         10,
         "connections per process for compiled reads (one statement each, no transaction, "
@@ -177,7 +181,9 @@ class Settings(BaseSettings):
         "are planned per request); each holds its plan in the server backend",
     )
     db_max_overflow: int = setting(
-        10, "PostgreSQL connections per process opened beyond the pool under load"
+        0,
+        "PostgreSQL connections per process opened beyond the pool under load, each closed "
+        "when its request ends",
     )
     db_connect_timeout_s: float = setting(
         5.0, "opening a database connection", env="DB_CONNECT_TIMEOUT_SECONDS"

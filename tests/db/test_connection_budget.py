@@ -23,6 +23,7 @@ import asyncpg
 import httpx
 import pytest
 
+from app.config import Settings
 from app.db.engine import create_database
 from app.db.migrate import upgrade
 from tests.db.faults import PrivatePostgres, private_postgres, report
@@ -52,9 +53,13 @@ class Budget:
     def per_process(self) -> int:
         """pool + overflow + direct + the broker's LISTEN (docs/operations.md "Connection
         budget")."""
-        return (
-            (self.pool_size or 10) + (self.max_overflow or 10) + (self.direct_pool_size or 10) + 1
+        defaults = Settings()
+        pool = defaults.db_pool_size if self.pool_size is None else self.pool_size
+        overflow = defaults.db_max_overflow if self.max_overflow is None else self.max_overflow
+        direct = (
+            defaults.db_direct_pool_size if self.direct_pool_size is None else self.direct_pool_size
         )
+        return pool + overflow + direct + 1
 
 
 async def _seed(server: PrivatePostgres, served: Served, quota: int) -> tuple[str, str]:
