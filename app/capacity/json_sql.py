@@ -26,6 +26,8 @@ builds the same JSON on both.
 - `ExactQuotient`: the double nearest a quotient of integers wider than a double holds
   (Python's `int / int`): PostgreSQL divides in numeric; SQLite calls Python
   (`bc_quotient`, defined on its connections as `bc_cursor` is).
+- `ExactSum`: an exact sum of BIGINTs over a group, whole or in halves: PostgreSQL's
+  sum() of BIGINT is exact (numeric); SQLite's raises past 64 bits, so it sums halves.
 - `compile_statement`: a statement's text for a dialect, with the names of its
   positional parameters (asyncpg's `$n`, sqlite3's `?`).
 
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Float,
@@ -179,6 +182,48 @@ def _exact_quotient_postgresql(element: ExactQuotient, compiler: SQLCompiler, **
 
 
 per_dialect(ExactQuotient, sqlite="bc_quotient({0})")
+
+
+class ExactSum(FunctionElement[int]):
+    """The sum of a BIGINT column over a group's rows (0 over none), exact, as `part`:
+    "high" and "low", halves whose `high * HALF + low` is the sum at any size (each
+    half's sum fits 64 bits for up to 2^31 rows), or "whole": that sum in SQL (exact on
+    PostgreSQL; on SQLite exact below 2^63, a double past it).
+
+    SQLite's sum() raises past 64 bits, so there the halves are what is summed. PostgreSQL's
+    sum() of BIGINT is exact already (a numeric, from a 128-bit accumulator): its high half
+    is 0 and its low one the whole sum, one aggregate for the three parts (halves there
+    cost the lending read a tenth of its time: two more sums, and numeric arithmetic per
+    group)."""
+
+    name, inherit_cache = "exact_sum", True
+    type = BigInteger()
+    _traverse_internals = [
+        *FunctionElement._traverse_internals,
+        ("part", InternalTraversal.dp_string),
+    ]
+
+    def __init__(self, amount: ColumnElement[int], part: str) -> None:
+        assert part in ("high", "low", "whole"), part
+        self.part = part
+        super().__init__(amount)
+
+
+@compiles(ExactSum, "postgresql")
+def _exact_sum_postgresql(element: ExactSum, compiler: SQLCompiler, **kw: Any) -> str:
+    if element.part == "high":
+        return "0"
+    return f"coalesce(sum({compiler.process(element.clauses, **kw)}), 0)"
+
+
+@compiles(ExactSum, "sqlite")
+def _exact_sum_sqlite(element: ExactSum, compiler: SQLCompiler, **kw: Any) -> str:
+    amount = compiler.process(element.clauses, **kw)
+    high = f"coalesce(sum(({amount}) >> 32), 0)"
+    low = f"coalesce(sum(({amount}) & {HALF - 1}), 0)"
+    return {"high": high, "low": low, "whole": f"({high} * {HALF} + {low})"}[element.part]
+
+
 per_dialect(JsonIsEmptyObject, postgresql="({0} = '{{}}'::jsonb)", sqlite="(json({0}) = '{{}}')")
 
 

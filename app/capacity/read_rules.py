@@ -58,7 +58,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app.capacity.fields import CAPACITY_ORDER, RESERVATION_ORDER
-from app.capacity.json_sql import HALF, ExactQuotient, JsonIsEmptyObject
+from app.capacity.json_sql import HALF, ExactQuotient, ExactSum, JsonIsEmptyObject
 from app.db.collation import CodePoint
 from app.db.models import (
     ApiToken,
@@ -176,30 +176,16 @@ def quotas_with_offers() -> Join:
 # What a pool lent is summed, and the owner's rows ranked and cut, by the database, for
 # both reads (lending.py, json_reads). A quota's maximum, and its use, may be 2^63 - 1
 # (inputs.MAX_AMOUNT): a sum of them may pass 64 bits, where SQLite's sum() raises. So
-# each sum is taken in two halves that cannot overflow (of the amounts' bits from 32 up,
-# and below: for up to 2^31 rows) and is high * 2^32 + low: exact in Python (`whole`),
-# in SQL on PostgreSQL (numeric) and on SQLite below 2^63 (a double past it, which the
-# compiled reads decline where they show it). The overcommit that ranks is exact at any
-# size (`_overcommit`), so the order is Python's and the same on both dialects.
+# each sum is read in two halves (json_sql.ExactSum: on SQLite summed apart, of the
+# amounts' bits from 32 up and below; on PostgreSQL, whose sum is exact, 0 and the sum)
+# and is high * 2^32 + low: exact in Python (`whole`), in SQL on PostgreSQL (numeric)
+# and on SQLite below 2^63 (a double past it, which the compiled reads decline where
+# they show it). The overcommit that ranks is exact at any size (`_overcommit`), so the
+# order is Python's and the same on both dialects.
 
 _ZERO = literal_column("0", Integer)
-_SHIFT = literal_column("32", Integer)
-_LOW_BITS = literal_column(str(HALF - 1), BigInteger)
-_HALF = literal_column(str(HALF), BigInteger)
 # An integer below 2^53 is exact as a double.
 _DOUBLE_EXACT = literal_column(str(2**53), BigInteger)
-
-
-def _halves(amount: ColumnElement[int], name: str) -> list[ColumnElement[int]]:
-    """The sum of `amount` over a group's rows (0 over none), in halves."""
-    return [
-        func.coalesce(func.sum(amount.bitwise_rshift(_SHIFT)), _ZERO).label(f"{name}_high"),
-        func.coalesce(func.sum(amount.bitwise_and(_LOW_BITS)), _ZERO).label(f"{name}_low"),
-    ]
-
-
-def _whole(high: ColumnElement[int], low: ColumnElement[int]) -> ColumnElement[int]:
-    return high * _HALF + low
 
 
 def whole(high: int | Decimal, low: int | Decimal) -> int:
@@ -208,13 +194,14 @@ def whole(high: int | Decimal, low: int | Decimal) -> int:
 
 
 def _overcommit(
-    high: ColumnElement[int], low: ColumnElement[int], allocatable: ColumnElement[int]
+    amount: ColumnElement[int], allocatable: ColumnElement[int]
 ) -> ColumnElement[float]:
-    """offered / allocatable (offered in halves), NULL where nothing is allocatable: the
+    """The sum of `amount` over allocatable, NULL where nothing is allocatable: the
     double nearest the exact quotient, views.overcommit's value. Below 2^53 both are
     exact doubles, and IEEE division rounds their quotient as Python's int / int does;
-    past it the quotient is taken exactly (json_sql.ExactQuotient)."""
-    offered = _whole(high, low)
+    past it the quotient is taken exactly (json_sql.ExactQuotient, of the halves)."""
+    offered = ExactSum(amount, "whole")
+    high, low = ExactSum(amount, "high"), ExactSum(amount, "low")
     return case(
         (allocatable <= _ZERO, null()),
         (
@@ -245,17 +232,15 @@ def _lent_values() -> list[ColumnElement[Any]]:
     maxima), `guest_used` (of their use), each in halves too (`offered_high`, ..., for
     `whole`), and `overcommit`: offered / allocatable."""
     quota = QuotaRow.__table__.c
-    offered_high, offered_low = _halves(quota.max, "offered")
-    used_high, used_low = _halves(quota.used, "guest_used")
-    allocatable = CapacityRow.__table__.c.allocatable
+    sums = {"offered": quota.max, "guest_used": quota.used}
     return [
-        offered_high,
-        offered_low,
-        used_high,
-        used_low,
-        _whole(offered_high, offered_low).label("offered"),
-        _whole(used_high, used_low).label("guest_used"),
-        _overcommit(offered_high, offered_low, allocatable).label("overcommit"),
+        *(
+            ExactSum(a, part).label(f"{name}_{part}")
+            for name, a in sums.items()
+            for part in ("high", "low")
+        ),
+        *(ExactSum(a, "whole").label(name) for name, a in sums.items()),
+        _overcommit(quota.max, CapacityRow.__table__.c.allocatable).label("overcommit"),
     ]
 
 
