@@ -248,7 +248,11 @@ def capacity_lent(owner: ColumnElement[str], *where: ColumnElement[bool]) -> Sel
     """The capacity rows matching `where` of pools `owner` owns, each with what it lent
     (`_lent_values`): one row per capacity row (a pool's, or every pool's of a set), to
     read as a subquery, in `lending_order` or in the capacity rows' own. The plain reads
-    (lending.py) and `lending`'s compiled statement read the lender's values here."""
+    (lending.py) and `lending`'s compiled statement read the lender's values here.
+
+    `where` narrows the rows summed: by pool ids, or by the pools' own columns, whose
+    number PostgreSQL estimates; a set it cannot (a lineage's grant walk) narrows the
+    subquery's rows instead, or it sums by an index probe per row (json_reads' lending)."""
     capacity = CapacityRow.__table__.c
     columns = [
         capacity.pool_id,
