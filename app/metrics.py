@@ -187,11 +187,19 @@ class OperationNames:
         return OTHER
 
 
+# Each (transport, operation)'s histogram, looked up once: `labels` takes a lock and
+# builds its key per call. As many as the label sets, which prometheus keeps anyway.
+_request_durations: dict[tuple[str, str], Histogram] = {}
+
+
 def observe_request(transport: str, operation: str, duration_s: float, codes: list[str]) -> None:
     """One request; `operation` is one of a closed set already (app/observe.py)."""
     if transport not in TRANSPORTS:
         transport = OTHER
-    REQUESTS.labels(transport, operation).observe(duration_s)
+    durations = _request_durations.get((transport, operation))
+    if durations is None:
+        durations = _request_durations[transport, operation] = REQUESTS.labels(transport, operation)
+    durations.observe(duration_s)
     for code in codes:
         ERRORS.labels(transport, code if code in ERROR_CODES else OTHER).inc()
 

@@ -19,10 +19,10 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
+from app.asgi_headers import encoded, header, replace
 from app.catalog import METHODS
 
 log = logging.getLogger("app.access")
@@ -136,7 +136,7 @@ class Observe:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sent = Headers(scope=scope).get("x-request-id", "")
+        sent = header(scope, b"x-request-id") or ""
         info = RequestInfo(sent if _CLIENT_ID.fullmatch(sent) else new_request_id())
         info.transport, info.operation = _route(scope["path"])
         token = current.set(info)
@@ -148,10 +148,8 @@ class Observe:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = MutableHeaders(scope=message)
-                headers["x-request-id"] = info.request_id
-                for name, value in info.headers.items():
-                    headers[name] = value
+                added = [(b"x-request-id", info.request_id.encode("latin-1"))]
+                replace(message, added + encoded(info.headers.items()))
             await send(message)
 
         try:
@@ -166,21 +164,23 @@ class Observe:
                 )
                 metrics.observe_request(info.transport, operation, duration, info.codes)
             # Its values as the request sent them, escaped by the formatter (app/logs.py).
-            log.info(
-                "%s %s %s",
-                scope["method"],
-                _logged_path(scope["path"]),
-                status,
-                extra={
-                    "transport": info.transport,
-                    "operation": info.operation,
-                    "caller_id": info.caller_id,
-                    "tenant_id": info.tenant_id,
-                    "status": status,
-                    "duration_ms": round(duration * 1000, 3),
-                    "cost": info.cost,
-                    "codes": info.codes or None,
-                },
-            )
+            # Built only when the line is written (plain uvicorn configures no logging).
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "%s %s %s",
+                    scope["method"],
+                    _logged_path(scope["path"]),
+                    status,
+                    extra={
+                        "transport": info.transport,
+                        "operation": info.operation,
+                        "caller_id": info.caller_id,
+                        "tenant_id": info.tenant_id,
+                        "status": status,
+                        "duration_ms": round(duration * 1000, 3),
+                        "cost": info.cost,
+                        "codes": info.codes or None,
+                    },
+                )
             current.reset(token)
             metrics.request_transport.reset(transport)

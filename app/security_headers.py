@@ -10,8 +10,9 @@ page (JSON, assets) thus loads and runs nothing if a browser is made to open it.
 
 from __future__ import annotations
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.asgi_headers import add_missing, encoded
 
 # What a page may not do whatever it loads: be framed (clickjacking), change its base URL,
 # or post a form anywhere else.
@@ -24,6 +25,7 @@ DEFAULTS = (
     ("referrer-policy", "no-referrer"),
     ("content-security-policy", NOTHING),
 )
+_RAW_DEFAULTS = encoded(DEFAULTS)
 
 
 class SecurityHeaders:
@@ -39,9 +41,7 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in DEFAULTS:
-                    headers.setdefault(name, value)
+                add_missing(message, _RAW_DEFAULTS)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -364,6 +364,9 @@ class CompiledRead:
     reads_reservations: bool = False
     # Holds a pool's page of reservations (`Paged`), its arguments beside the root's.
     pages: bool = False
+    # What `readable` does to the parsed answer, worked out once from the shape's fields
+    # (`_finishing`): empty when nothing is finished.
+    finishing: tuple[_Step, ...] = ()
 
     @property
     def page(self) -> bool:
@@ -454,6 +457,12 @@ def compile_read(
         lending,
         isinstance(shape, ReservationsShape) or pages,
         pages,
+        _finishing(
+            shape.fields,
+            cursors,
+            "lender" in needs,
+            isinstance(shape, CapacityShape) and shape.lender_keys_absent,
+        ),
     )
 
 
@@ -850,48 +859,66 @@ def readable(data: Any, read: CompiledRead) -> Any:
     no secret), every cursor the statement left as an id encoded (paging.encode_cursor)
     and the lender's values finished (`_lender_value`), found by the shape's keys; None
     when the plain read might answer otherwise (a sum past a Long)."""
-    if read.shows_policy or read.shows_cursors or read.shows_lender:
-        absent = isinstance(read.shape, CapacityShape) and read.shape.lender_keys_absent
+    if read.finishing:
         try:
-            _finish(
-                data[read.shape.key],
-                read.shape.fields,
-                read.shows_cursors,
-                read.shows_lender,
-                absent,
-            )
+            _finish(data[read.shape.key], read.finishing)
         except _Unsure:
             return None
     return data
 
 
-def _finish(
-    value: Any,
-    fields: tuple[Field, ...],
-    cursors: bool,
-    lender: bool = False,
-    absent: bool = False,
-) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _finish(item, fields, cursors, lender, absent)
-        return
-    if not isinstance(value, dict):
-        return  # null
+# A step of finishing a parsed object: (its key, what is done there, the field, for a
+# nested object or list the steps inside it).
+_Step = tuple[str, str, "Read | None", tuple["_Step", ...]]
+
+
+def _finishing(
+    fields: tuple[Field, ...], cursors: bool, lender: bool, absent: bool = False
+) -> tuple[_Step, ...]:
+    """The steps `_finish` takes over an object of `fields`, in their order: each policy
+    made readable, each cursor encoded (`cursors`: the statement left them as ids), each
+    lender's value finished (`lender`; `absent`: a null one's key dropped, REST), and
+    the nested objects and lists that hold any of these. Worked out once per compiled
+    read, not per answer."""
+    steps: list[_Step] = []
     for f in fields:
         if isinstance(f, Read) and f.value == "policy":
-            value[f.key] = readable_policy(value[f.key])
+            steps.append((f.key, "policy", f, ()))
         elif isinstance(f, Read) and f.value in _CURSORS:
-            if cursors and value[f.key] is not None:
-                value[f.key] = encode_cursor(value[f.key])
+            if cursors:
+                steps.append((f.key, "cursor", f, ()))
         elif lender and isinstance(f, Read) and f.value in _LENT:
-            _lender_value(value, f, absent)
+            steps.append((f.key, "absent" if absent else "lender", f, ()))
         elif (
             isinstance(f, Nested | Paged) and _needs(f.fields) & {"policy", "cursor", "lender"}
         ) or (
             lender and isinstance(f, Rows) and f.kind == "capacity"  # a pool's rollup
         ):
-            _finish(value[f.key], f.fields, cursors, lender)
+            assert isinstance(f, Nested | Paged | Rows)
+            inner = _finishing(f.fields, cursors, lender)
+            if inner:
+                steps.append((f.key, "nested", None, inner))
+    return tuple(steps)
+
+
+def _finish(value: Any, steps: tuple[_Step, ...]) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _finish(item, steps)
+        return
+    if not isinstance(value, dict):
+        return  # null
+    for key, what, f, inner in steps:
+        if what == "policy":
+            value[key] = readable_policy(value[key])
+        elif what == "cursor":
+            if value[key] is not None:
+                value[key] = encode_cursor(value[key])
+        elif what == "nested":
+            _finish(value[key], inner)
+        else:
+            assert f is not None
+            _lender_value(value, f, what == "absent")
 
 
 def eligible(principal: Principal, tenant_id: str, read: CompiledRead) -> bool:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import event
@@ -114,7 +115,7 @@ class Database:
     # The embedded SQLite file: the compiled reads' statements, one hand-off each.
     sqlite_reads: DirectSQLiteReads | None = None
 
-    @property
+    @cached_property  # asked on every compiled read; an engine's dialect never changes
     def dialect(self) -> str:
         return self.writer.dialect.name
 

@@ -11,9 +11,9 @@ told so first and nothing is read.
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.asgi_headers import header
 from app.errors import ResourceExhausted
 
 
@@ -35,7 +35,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
+        declared = header(scope, b"content-length") or ""
         over = declared.isdigit() and int(declared) > self.max_bytes
         received = 0
 
