@@ -6,9 +6,9 @@ answers exactly as the stock library would, only sooner, each switched by its ow
 (`BETTERCOMPUTE_FAST_PATH` sets both, and the compiled reads, at once):
 
 - `executor` (`BETTERCOMPUTE_FAST_EXECUTOR`, schema/executor.py): graphql-core's
-  `execute_fields`, `execute_operation` and `build_per_event_executor` overridden, its
-  `_relevant_sub_fields` memo, strawberry's execution context class and its fields'
-  back-references;
+  `execute_fields`, `execute_operation`, `build_per_event_executor` and `complete_value`
+  overridden, its `_relevant_sub_fields` memo, strawberry's execution context class and
+  its fields' back-references;
 - `websocket protocol` (`BETTERCOMPUTE_LEAN_WEBSOCKET`, app/websocket_protocol.py): a
   subclass of uvicorn's websockets-sansio protocol that rewrites its `send` and drops its
   handshake state;
@@ -146,6 +146,19 @@ def _executor_problem() -> str | None:
         _signature_problem(base, "execute_fields", [*fields, "position_context"]),
         _signature_problem(base, "execute_operation", ["self", "serially"]),
         _signature_problem(base, "build_per_event_executor", ["self", "payload"]),
+        _signature_problem(
+            base,
+            "complete_value",
+            [
+                "self",
+                "return_type",
+                "field_details_list",
+                "info",
+                "path",
+                "result",
+                "position_context",
+            ],
+        ),
     )
     if problem is not None:
         return problem

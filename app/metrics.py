@@ -115,6 +115,13 @@ EVENT_POOL_READS = Counter(
     "Reads of the pool an event shows (`PoolEvent.pool`): one per event and view, however "
     "many subscribers share that view",
 )
+EVENT_POOL_COMPILED = Counter(
+    "bettercompute_event_pool_compiled_total",
+    "Reads of `PoolEvent.pool` with a compiled statement (Query.pool's): `answered` by it, "
+    "or `declined` to the plain read in the same read (a pool no longer seen, a narrowed "
+    "binding, a token no longer live...)",
+    ["outcome"],
+)
 EVENT_RENDERINGS = Counter(
     "bettercompute_event_renderings_total",
     "Subscription events rendered by the fast executor (schema/executor.py): `executed` "

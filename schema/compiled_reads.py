@@ -245,14 +245,20 @@ class CompiledReads:
     def known(self, query: str, operation_name: str | None) -> bool:
         return (query, operation_name) in self._plans
 
-    def learn(self, query: str, operation_name: str | None) -> None:
+    def learn(
+        self,
+        query: str,
+        operation_name: str | None,
+        kinds: tuple[OperationType, ...] = _PLANNED,
+    ) -> None:
         """Plan a query text that has just run cleanly on the plain path (so it parses,
         validates and passes the limits); a query that is no read of the plan's kind is
-        remembered as such, so it is not parsed again."""
+        remembered as such, so it is not parsed again. `kinds`: the operations planned
+        (a subscription's, for its events' `pool`: `event_pool`)."""
         key = (query, operation_name)
         if key in self._plans or len(query) > MAX_PLANNED_QUERY_CHARS:
             return
-        plan = self._make_plan(query, operation_name)
+        plan = self._make_plan(query, operation_name, kinds)
         self._plans[key] = plan
         self._sizes[key] = 0
         PLANS.inc()
@@ -276,10 +282,12 @@ class CompiledReads:
         if self._plans.get(plan.key) is plan:
             self._grew(plan.key, size)
 
-    def _make_plan(self, query: str, operation_name: str | None) -> Plan | None:
+    def _make_plan(
+        self, query: str, operation_name: str | None, kinds: tuple[OperationType, ...]
+    ) -> Plan | None:
         document = parse(query, no_location=True)
         operation = get_operation_ast(document, operation_name)
-        if operation is None or operation.operation not in _PLANNED:
+        if operation is None or operation.operation not in kinds:
             return None  # a mutation's plan serves bookings (schema/compiled_writes.py)
         if any(
             getattr(d, "variable_definitions", None)
@@ -375,6 +383,76 @@ class CompiledReads:
         if cost is None:
             return None
         return Prepared(built.read, built.args(coerced), cost)
+
+    # --- a subscription event's `pool` (schema/subscriptions.py) ------------------------
+
+    def variables(
+        self, operation: OperationDefinitionNode, coerced: Mapping[str, Any]
+    ) -> VariableValues | None:
+        """graphql-core's variables of a running operation from the coerced values its
+        resolvers are given (plain scalars coerce to themselves), for `event_pool`;
+        None when they do not coerce again (an enum, say): the plain path answers."""
+        found = get_variable_values(
+            self._schema, operation.variable_definitions or (), dict(coerced)
+        )
+        if not isinstance(found, VariableValues) or found.coerced != dict(coerced):
+            return None
+        return found
+
+    def event_pool(
+        self,
+        query: str,
+        operation_name: str | None,
+        key: str,
+        nodes: list[FieldNode],
+        variables: VariableValues,
+        capacity: Capacity,
+    ) -> tuple[CompiledRead, dict[str, Any]] | None:
+        """`PoolEvent.pool` under response `key` (its field `nodes`, in a subscription the
+        schema has validated, with its coerced `variables`) as Query.pool's statement for
+        the same selection, planned as `pool` is (`_pool`), with the arguments of its
+        pages of reservations; None where the plain path answers `Query.pool` too (a
+        selection the plan does not cover). Planned once per query text and directive
+        variables, on the query plans' cache and bound."""
+        plan = self.plan(query, operation_name)
+        if plan is None and not self.known(query, operation_name):
+            self.learn(query, operation_name, (OperationType.SUBSCRIPTION,))
+            plan = self.plan(query, operation_name)
+        if plan is None or plan.operation.operation is not OperationType.SUBSCRIPTION:
+            return None
+        coerced = variables.coerced
+        shape_key = (
+            "PoolEvent.pool",
+            key,
+            *(hashable(coerced.get(n)) for n in plan.directive_variables),
+        )
+        if shape_key in plan.shapes:
+            built = plan.shapes[shape_key]
+        else:
+            built = self._build_event_pool(plan, key, nodes, variables, capacity)
+            self.keep(plan, shape_key, built)
+        return None if built is None else (built.read, built.args(coerced))
+
+    def _build_event_pool(
+        self,
+        plan: Plan,
+        key: str,
+        nodes: list[FieldNode],
+        variables: VariableValues,
+        capacity: Capacity,
+    ) -> Built | None:
+        self._paged = []
+        parent = get_named_type(self._schema.query_type.fields["pool"].type)  # type: ignore[union-attr]
+        assert isinstance(parent, GraphQLObjectType)
+        try:
+            below = self._collect(
+                plan, [n.selection_set for n in nodes if n.selection_set], variables
+            )
+            shape = PoolShape(key, self._pool(plan, parent, below, variables))
+        except Unplanned:
+            return None
+        read = capacity.compile_read(shape)
+        return None if read is None else Built(read, tuple(self._paged))
 
     # --- for schema/compiled_writes.py, whose plans these are too ----------------------
 

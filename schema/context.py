@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,6 +18,9 @@ from app.iam.callers import authenticate
 from app.iam.principal import Principal
 from schema.loaders import Loaders, create_loaders
 
+if TYPE_CHECKING:
+    from schema.compiled_reads import CompiledReads
+
 T = TypeVar("T")
 
 
@@ -29,6 +32,9 @@ class Context:
     settings: Settings
     # graphql-transport-ws / graphql-ws: the connection_init payload (strawberry sets it).
     connection_params: dict[str, object] | None = None
+    # The plans of compiled reads where a subscription event's `pool` may be answered by
+    # one (the executor splices its JSON in: schema/spliced.py); None: the plain read.
+    compiled: CompiledReads | None = None
     reads: ReadScope = field(init=False)
     _loaders: Loaders | None = field(default=None, init=False)
     _principal: asyncio.Task[Principal] | None = field(default=None, init=False)
@@ -76,7 +82,12 @@ class Context:
         """The same caller with reads of its own: one per subscription event, so each
         event reads fresh data and releases its connection once sent."""
         forked = Context(
-            self.request, self.response, self.capacity, self.settings, self.connection_params
+            self.request,
+            self.response,
+            self.capacity,
+            self.settings,
+            self.connection_params,
+            self.compiled,
         )
         forked._principal = self._principal
         return forked

@@ -40,6 +40,7 @@ from strawberry.types.field import StrawberryField
 
 from app import metrics
 from schema.shared_frames import NO_KEY, request_key, shareable
+from schema.spliced import Spliced
 
 # (attribute name, serialise, nullable) for a fast field; None for any other field.
 _Plan = tuple[str, Callable[[Any], Any], bool] | None
@@ -79,6 +80,25 @@ _SHARED = metrics.EVENT_RENDERINGS.labels("shared")
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
     _selection_plans: dict[int, tuple[Any, list[tuple[str, Any, _Plan]]]]
     _rendering_key: Any = None  # per subscription: its operation and variables
+    # A resolver may answer with a value already rendered (schema/spliced.py's SPLICES).
+    splices_json = True
+
+    def complete_value(
+        self,
+        return_type: Any,
+        field_details_list: Any,
+        info: Any,
+        path: Path,
+        result: Any,
+        position_context: Any,
+    ) -> Any:
+        """A Spliced value (`PoolEvent.pool` as its compiled statement answered it) is the
+        field's completed value as it is: the statement built it for this selection."""
+        if type(result) is Spliced:
+            return result.value
+        return super().complete_value(
+            return_type, field_details_list, info, path, result, position_context
+        )
 
     def execute_operation(self, serially: bool | None = None) -> Any:
         """A subscription event whose root value carries `renderings` (a dict shared by

@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Annotated, Any, Final, cast
 
 import strawberry
+from graphql.execution.values import VariableValues
 from starlette.websockets import WebSocket
 from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.scalars import JSON
 
-from app.capacity.event_reads import view_of
+from app.capacity.event_reads import EventPoolStatement, PoolJson, view_of
 from app.capacity.event_visibility import PoolEventFilter
 from app.capacity.inputs import PoolEventsInput, parse_input
 from app.capacity.service import Capacity
+from app.errors import DomainError
 from app.events import relay as events_relay
 from app.events.reader import OutboxEvent
+from app.iam.callers import bearer_token_hash
+from schema.compiled_reads import CompiledReads
 from schema.context import Context
 from schema.lookahead import selected_below
+from schema.operations import sent_operation_name
 from schema.pool_nodes import pool_from_detail, pool_parts
 from schema.shared_frames import NO_KEY, current_writer, request_key
+from schema.spliced import Spliced
 from schema.types.pool import Pool
 
 Info = strawberry.Info[Context, None]
@@ -69,6 +76,8 @@ class PoolEvent:
     # (schema/executor.py): the event object's own, or, with `pool`, the event's per view.
     renderings: strawberry.Private[dict[Any, Any]]
     source: strawberry.Private[OutboxEvent]
+    # Set when `pool` may be answered by Query.pool's compiled statement.
+    compiles: strawberry.Private[_Compiles | None]
 
     @strawberry.field(
         description="The pool as the subscribing tenant sees it now; null once it no "
@@ -80,9 +89,59 @@ class PoolEvent:
         if subscription is None or capacity is None:  # not selected: never resolved
             return None
         parts = pool_parts(selected_below(info, ()))
+        statement = None if self.compiles is None else self.compiles.statement(info, capacity)
+        actor = subscription.filter.actor
         with subscription.preparing():  # our read, not the client's stall
-            detail = await capacity.event_reads.pool(self.source, subscription.filter.actor, parts)
-        return None if detail is None else pool_from_detail(detail, self.tenant)
+            found = await capacity.event_reads.pool(self.source, actor, parts, statement)
+        if isinstance(found, PoolJson):  # its JSON goes into the rendering as it is
+            return cast(Pool, Spliced(found.value))
+        return None if found is None else pool_from_detail(found, self.tenant)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Compiles:
+    """What a subscription's `pool` needs to be answered by Query.pool's statement: the
+    plans (its text's, schema/compiled_reads.py) and the caller's token hash, which the
+    statement checks as it does for Query.pool."""
+
+    reads: CompiledReads
+    operation_name: str | None
+    variables: VariableValues
+    token_hash: str
+
+    def statement(self, info: Info, capacity: Capacity) -> EventPoolStatement | None:
+        query = info.query
+        if query is None:
+            return None
+        raw = info._raw_info
+        found = self.reads.event_pool(
+            query,
+            self.operation_name,
+            str(raw.path.key),
+            list(raw.field_nodes),
+            self.variables,
+            capacity,
+        )
+        if found is None:
+            return None
+        read, args = found
+        return EventPoolStatement(read, tuple(args.items()), self.token_hash)
+
+
+def _compiles(info: Info) -> _Compiles | None:
+    """Where `pool` may be compiled: compiled reads on, an executor that splices, a store
+    that compiles reads, a caller with a bearer token (the statement checks it)."""
+    ctx = info.context
+    if ctx.compiled is None or not ctx.capacity.compiles_reads:
+        return None
+    variables = ctx.compiled.variables(info.operation, info.variable_values)
+    if variables is None:
+        return None
+    try:
+        token_hash = bearer_token_hash(ctx.authorization())
+    except DomainError:
+        return None
+    return _Compiles(ctx.compiled, sent_operation_name.get(), variables, token_hash)
 
 
 def _renderings(
@@ -106,6 +165,7 @@ def _pool_event(
     subscription: events_relay.Subscription[PoolEventFilter],
     capacity: Capacity | None,
     renderings: dict[Any, Any],
+    compiles: _Compiles | None,
 ) -> PoolEvent:
     # Made per subscriber that executes, never kept in `renderings`: it refers to the
     # event, and a cycle through it would keep every event until a full collection.
@@ -121,6 +181,7 @@ def _pool_event(
         capacity=capacity,
         renderings=renderings,
         source=event,
+        compiles=compiles,
     )
 
 
@@ -179,6 +240,7 @@ class Subscription:
         with contextlib.suppress(AttributeError):
             del info.selected_fields
         capacity = ctx.capacity if reads_pool else None
+        compiles = _compiles(info) if reads_pool else None
         writer = current_writer.get()  # set by our websocket handlers when frames are shared
         key = request_key(info.operation, info.variable_values)
         executed = reads_pool  # the previous event (or the opening) read through ctx
@@ -201,4 +263,4 @@ class Subscription:
                     except WebSocketDisconnected:
                         pass  # strawberry's path meets the closed socket as it always does
             executed = reads_pool
-            yield _pool_event(event, tenant, subscription, capacity, renderings)
+            yield _pool_event(event, tenant, subscription, capacity, renderings, compiles)

@@ -56,6 +56,7 @@ from schema.http_media import (
 from schema.limits import MAX_REPORTED_COST, operation_cost
 from schema.operations import sent_operation_name
 from schema.persisted import PersistedQueries, PersistedQueryError, load_manifest
+from schema.spliced import SPLICES
 from schema.websockets import (
     REFUSAL,
     BackendUnavailable,
@@ -122,6 +123,10 @@ class GraphQLView(GraphQL[Context, None]):
         )
         # Bookings answered by the domain's one statement, on the reads' plans.
         self.writes = CompiledWrites(schema, self.compiled) if self.compiled is not None else None
+        # A subscription event's `pool` answered by Query.pool's statement, where the
+        # executor splices its JSON into the event's rendering (schema/spliced.py).
+        splices = getattr(schema, "execution_context_class", None)
+        self.event_compiled = self.compiled if getattr(splices, SPLICES, False) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -321,7 +326,11 @@ class GraphQLView(GraphQL[Context, None]):
     ) -> Context:
         capacity: Capacity = request.app.state.capacity
         return Context(
-            request=request, response=response, capacity=capacity, settings=self.settings
+            request=request,
+            response=response,
+            capacity=capacity,
+            settings=self.settings,
+            compiled=self.event_compiled,
         )
 
     async def parse_http_body(

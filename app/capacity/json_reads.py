@@ -854,6 +854,18 @@ def answer(text: str, read: CompiledRead) -> Any:
     return readable(orjson.loads(text), read)
 
 
+def answer_under_key(text: str, read: CompiledRead) -> Any:
+    """The value under the shape's key of an answer with no root constants beside it (a
+    subscription event's `pool`, spliced into the event's rendering), as `answer` gives
+    the whole: the text itself when it is orjson's, else parsed and finished; None when
+    the plain read might answer otherwise. The statement writes `{"<key>":<value>}`."""
+    head = "{" + orjson.dumps(read.shape.key).decode() + ":"
+    if read.verbatim and "\\" not in text and text.startswith(head) and text.endswith("}"):
+        return orjson.Fragment(text[len(head) : -1])
+    data = readable(orjson.loads(text), read)
+    return None if data is None else data[read.shape.key]
+
+
 def readable(data: Any, read: CompiledRead) -> Any:
     """The parsed answer with every policy as every surface shows it (readable_policy:
     no secret), every cursor the statement left as an id encoded (paging.encode_cursor)

@@ -108,7 +108,7 @@ class Capacity:
         self._relay = relay  # this process's event relay; only a server has one
         # The relay's rule, with the open subscriptions' live bindings (the same object).
         self.events = events or PoolEventVisibility()
-        self.event_reads = EventPoolReads(db, event_pool_reads)
+        self.event_reads = EventPoolReads(db, event_pool_reads, self.read_json)
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self.db, self._notify)
@@ -305,8 +305,11 @@ class Capacity:
         token_hash: str,
         read: json_reads.CompiledRead,
         args: dict[str, object],
+        *,
+        under_key: bool = False,
     ) -> Any:
-        """A compiled read's answer, parsed JSON under the shape's keys; None when this
+        """A compiled read's answer, parsed JSON under the shape's keys (`under_key`: the
+        value under the shape's one key, json_reads.answer_under_key); None when this
         path does not give the answer (input the plain read refuses, a caller whose
         decisions differ per pool, a token no longer live, a pool not visible):
         the plain read then gives it, error and all. `args` are the method's input as
@@ -377,9 +380,13 @@ class Capacity:
             if connection_fault(exc):  # the plain path would wait for it again
                 raise to_domain_error(exc) from exc
             raise
-        if text is not None and asked is not None:
+        if text is None:
+            return None
+        if asked is not None:
             return _explained(principal, asked, read, text)
-        return None if text is None else json_reads.answer(text, read)
+        if under_key:
+            return json_reads.answer_under_key(text, read)
+        return json_reads.answer(text, read)
 
     async def create_pool(self, principal: Principal, inp: CreatePoolInput) -> PoolDetail:
         return await self._write(
