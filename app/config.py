@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     )
     compiled_reads: bool = setting(
         True,
-        "reads compiled into one statement (docs/decisions/0008; PostgreSQL); false answers "
-        "every read on the plain path (default: `BETTERCOMPUTE_FAST_PATH`)",
+        "reads compiled into one statement (docs/decisions/0008), a subscription event's "
+        "`pool` too; false answers every read on the plain path (default: "
+        "`BETTERCOMPUTE_FAST_PATH`)",
     )
     fast_executor: bool = setting(
         True,
