@@ -387,11 +387,14 @@ class CompiledReads:
     # --- a subscription event's `pool` (schema/subscriptions.py) ------------------------
 
     def variables(
-        self, operation: OperationDefinitionNode, coerced: Mapping[str, Any]
+        self, operation: OperationDefinitionNode, coerced: Mapping[str, Any] | VariableValues
     ) -> VariableValues | None:
         """graphql-core's variables of a running operation from the coerced values its
-        resolvers are given (plain scalars coerce to themselves), for `event_pool`;
-        None when they do not coerce again (an enum, say): the plain path answers."""
+        resolvers are given (strawberry gives them as a dict; plain scalars coerce to
+        themselves), for `event_pool`; None when they do not coerce again (an enum, say):
+        the plain path answers."""
+        if isinstance(coerced, VariableValues):
+            return coerced
         found = get_variable_values(
             self._schema, operation.variable_definitions or (), dict(coerced)
         )

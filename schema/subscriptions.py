@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Annotated, Any, Final, cast
 
 import strawberry
-from graphql.execution.values import VariableValues
 from starlette.websockets import WebSocket
 from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.scalars import JSON
@@ -106,7 +105,6 @@ class _Compiles:
 
     reads: CompiledReads
     operation_name: str | None
-    variables: VariableValues
     token_hash: str
 
     def statement(self, info: Info, capacity: Capacity) -> EventPoolStatement | None:
@@ -114,12 +112,16 @@ class _Compiles:
         if query is None:
             return None
         raw = info._raw_info
+        # Made per read, not kept: an idle subscription holds only what this class does.
+        variables = self.reads.variables(info.operation, raw.variable_values)
+        if variables is None:
+            return None
         found = self.reads.event_pool(
             query,
             self.operation_name,
             str(raw.path.key),
             list(raw.field_nodes),
-            self.variables,
+            variables,
             capacity,
         )
         if found is None:
@@ -134,14 +136,11 @@ def _compiles(info: Info) -> _Compiles | None:
     ctx = info.context
     if ctx.compiled is None or not ctx.capacity.compiles_reads:
         return None
-    variables = ctx.compiled.variables(info.operation, info.variable_values)
-    if variables is None:
-        return None
     try:
         token_hash = bearer_token_hash(ctx.authorization())
     except DomainError:
         return None
-    return _Compiles(ctx.compiled, sent_operation_name.get(), variables, token_hash)
+    return _Compiles(ctx.compiled, sent_operation_name.get(), token_hash)
 
 
 def _renderings(
