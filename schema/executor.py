@@ -10,7 +10,9 @@ field extension, no arguments) and whose type is a scalar or enum, this executor
 the attribute and serialises it directly, with the same serialiser graphql-core would
 call. Anything unusual (a null in a non-null field, an exception, an awaitable, a
 serialisation error) falls back to graphql-core's path, which then reports it exactly as
-it always does. Results are identical; only the bookkeeping is skipped.
+it always does. Results are identical; only the bookkeeping is skipped. A resolver's
+Spliced value (schema/spliced.py: `PoolEvent.pool` as its compiled statement answered it)
+is completed as that JSON, which the statement built for the field's selection.
 
 It overrides graphql-core methods outside its public API: app/compat.py checks them when
 the app is assembled, and the app runs strawberry's stock executor when they changed or
@@ -40,7 +42,7 @@ from strawberry.types.field import StrawberryField
 
 from app import metrics
 from schema.shared_frames import NO_KEY, request_key, shareable
-from schema.spliced import Spliced
+from schema.spliced import SPLICES, Spliced
 
 # (attribute name, serialise, nullable) for a fast field; None for any other field.
 _Plan = tuple[str, Callable[[Any], Any], bool] | None
@@ -80,8 +82,6 @@ _SHARED = metrics.EVENT_RENDERINGS.labels("shared")
 class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
     _selection_plans: dict[int, tuple[Any, list[tuple[str, Any, _Plan]]]]
     _rendering_key: Any = None  # per subscription: its operation and variables
-    # A resolver may answer with a value already rendered (schema/spliced.py's SPLICES).
-    splices_json = True
 
     def complete_value(
         self,
@@ -269,6 +269,10 @@ class FastFieldsExecutor(StrawberryGraphQLCoreExecutionContext):
 
             return merged()
         return _merge(results, slow, cast("dict[str, Any]", done))
+
+
+# A resolver may answer with a value already rendered (schema/spliced.py).
+setattr(FastFieldsExecutor, SPLICES, True)
 
 
 class _Rendered:
