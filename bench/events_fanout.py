@@ -184,6 +184,9 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        # This checkout's server, not the one the virtualenv's editable install names (a
+        # git worktree's bench measured main's server); PYTHONPATH given wins.
+        "PYTHONPATH": os.environ.get("PYTHONPATH") or str(Path(__file__).resolve().parents[1]),
         "BETTERCOMPUTE_DATABASE_URL": database_url,
         "BETTERCOMPUTE_BROADCAST_URL": REDIS_URL,
         **(extra or {}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -60,7 +61,7 @@ async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
             if Settings.from_env().fast_executor
             else ("executions not counted (the fast executor is off",)
         ),
-        "pool reads per event (floor 11)",
+        "pool reads per event (floor 11; ",
         "CPU, % of one core over the phase: server",
         "clients",
         "server CPU per delivery",
@@ -69,3 +70,9 @@ async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
         *(() if invalid else ("not the full size: targets not checked",)),
     ):
         assert expected in printed, printed
+    # The rich shape's reads, answered by Query.pool's compiled statement where reads
+    # compile (how many per event is printed, not asserted: it counts as the reads do).
+    answered = re.search(r"\(floor 11; ([0-9.]+) answered by the compiled statement\)", printed)
+    assert answered is not None, printed
+    settings = Settings.from_env()
+    assert (float(answered[1]) > 0) == (settings.compiled_reads and settings.fast_executor)

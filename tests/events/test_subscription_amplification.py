@@ -158,16 +158,23 @@ async def test_the_pool_an_event_shows_is_read_once_per_view(
             await wait_until(lambda: app.state.relay.live_subscriptions >= len(ids), WAIT_S)
             capacity: Capacity = app.state.capacity
             reads.clear()
+            made, compiled = capacity.event_reads.reads, capacity.event_reads.compiled
             for n in range(3):
                 await emit_updates(capacity, pool_id, "acme", 1, start=n)
                 await wait_until(lambda count=n + 1: delivered(ids, count), WAIT_S)
+            made = capacity.event_reads.reads - made
+            compiled = capacity.event_reads.compiled - compiled
 
     for socket, operation_id in ids:
         shown = socket.events(operation_id)
         assert [e["data"]["n"] for e in shown] == [0, 1, 2]
         assert [e["pool"]["id"] for e in shown] == [pool_id] * 3
-    # Three events, three views: nine reads, not 3 x 7.
-    assert reads == [pool_id] * 9
+    # Three events, three views: nine reads, not 3 x 7; each either Query.pool's compiled
+    # statement (where reads compile: not for the narrowed view) or the plain read.
+    assert made == 9
+    assert reads == [pool_id] * (9 - compiled)
+    if app.state.settings.compiled_reads and app.state.settings.fast_executor:
+        assert compiled == 6
 
 
 # --- bounds per caller and per tenant ------------------------------------------------------
