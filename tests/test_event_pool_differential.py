@@ -143,13 +143,13 @@ async def _compare(
     ]
     subscribers = [
         Subscriber(
-            r.name,
+            f"{n}:{r.name}",  # unique: a world may name two readers alike
             r.token,
             rng.choice(PROTOCOLS),
             DOCUMENT % selection(rng),
             {"tenantId": r.tenant, "types": TYPES},
         )
-        for r in readers
+        for n, r in enumerate(readers)
     ]
     report.subscribers = len(subscribers)
     everyone = frozenset([*world.tenants, FLEET_TENANT])
