@@ -13,13 +13,14 @@ from sqlalchemy.engine import make_url
 from app.db.direct import DirectReads
 from app.db.errors import connection_fault, to_domain_error
 from app.errors import Unavailable
+from tests.databases import direct_url
 from tests.events.support import wait_until
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])
 
 
 def _reads(database_url: str, acquire_timeout_s: float) -> DirectReads:
-    dsn = make_url(database_url).set(drivername="postgresql")
+    dsn = make_url(direct_url(database_url)).set(drivername="postgresql")
     return DirectReads(
         dsn.render_as_string(hide_password=False),
         max_size=1,
@@ -48,7 +49,7 @@ async def test_no_connection_in_time_is_unavailable_and_none_is_kept(database_ur
     try:
         # The one connection held by a statement that waits on an advisory lock we hold.
         holder = await asyncpg.connect(
-            make_url(database_url).set(drivername="postgresql").render_as_string(False)
+            make_url(direct_url(database_url)).set(drivername="postgresql").render_as_string(False)
         )
         await holder.execute("SELECT pg_advisory_lock(2121)")
         running = asyncio.ensure_future(
