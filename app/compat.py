@@ -7,8 +7,8 @@ answers exactly as the stock library would, only sooner, each switched by its ow
 
 - `executor` (`BETTERCOMPUTE_FAST_EXECUTOR`, schema/executor.py): graphql-core's
   `execute_fields`, `execute_operation`, `build_per_event_executor` and `complete_value`
-  overridden, its `_relevant_sub_fields` memo, strawberry's execution context class and
-  its fields' back-references;
+  overridden, its `_relevant_sub_fields` memo, strawberry's execution context class, its
+  fields' back-references and its `Info._raw_info` (PoolEvent.pool's field nodes);
 - `websocket protocol` (`BETTERCOMPUTE_LEAN_WEBSOCKET`, app/websocket_protocol.py): a
   subclass of uvicorn's websockets-sansio protocol that rewrites its `send` and drops its
   handshake state;
@@ -162,6 +162,11 @@ def _executor_problem() -> str | None:
     )
     if problem is not None:
         return problem
+    from strawberry.types.info import Info
+
+    # PoolEvent.pool's compiled read takes its field nodes from the resolver's raw info.
+    if "_raw_info" not in getattr(Info, "__annotations__", {}):
+        return "strawberry's Info has no _raw_info"
     if not isinstance(getattr(GraphQLCoreConverter, "DEFINITION_BACKREF", None), str):
         return "strawberry's GraphQLCoreConverter.DEFINITION_BACKREF is gone"
     if not isinstance(getattr(StrawberryField, "is_basic_field", None), property):

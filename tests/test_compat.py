@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types.info import Info
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from app import compat
@@ -156,6 +157,21 @@ async def test_a_changed_executor_internal_runs_the_stock_executor(
         answer = await plain.graphql(s.token, PAGE)
     assert "errors" not in answer and len(answer["data"]["pools"]["nodes"]) == 2
     assert answer == expected
+
+
+def test_an_info_without_raw_info_reads_event_pools_plainly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PoolEvent.pool's compiled read takes its field nodes from strawberry's
+    `Info._raw_info`: without it, the stock executor runs and no event pool compiles."""
+    assert _view(create_app(Settings(fast_path=True))).event_compiled is not None
+    annotations = {k: v for k, v in Info.__annotations__.items() if k != "_raw_info"}
+    monkeypatch.setattr(Info, "__annotations__", annotations)
+    with caplog.at_level(logging.WARNING):
+        view = _view(create_app(Settings(fast_path=True)))
+    assert [w for w in _warnings(caplog) if "Info has no _raw_info" in w]
+    assert view.schema.execution_context_class is StrawberryGraphQLCoreExecutionContext  # type: ignore[attr-defined]
+    assert view.event_compiled is None
 
 
 async def test_changed_error_messages_are_reported_and_errors_keep_their_code(
