@@ -65,7 +65,7 @@ from typing import Generic
 
 from app import metrics
 from app.config import Settings
-from app.db.engine import Database
+from app.db.engine import Database, Executor
 from app.errors import InvalidInput, InvalidState
 from app.events.cursor import (
     START,
@@ -575,10 +575,11 @@ class Relay(Generic[F]):
                     self.state, [e.position for e in events], horizon, complete=complete
                 )
                 taken = [replace(e, state=s) for e, s in zip(events, states, strict=False)]
-                shown_events = await self._visibility.load(conn, taken) if taken else None
-            if shown_events is not None:
+                shown_events = await self._shown(conn, taken)
+                # No await from the last audience check to the new state: a subscription
+                # that joins takes a state and is mailed every event read after it.
                 self._fan_out(taken, shown_events)
-            self.state = after
+                self.state = after
             blocked = len(taken) < len(events)  # D is full: the rest waits for the horizon
             self.blocked_reads += blocked
             self._above_horizon = bool(after.ahead) or blocked
@@ -592,9 +593,29 @@ class Relay(Generic[F]):
         self.caught_up_at = asyncio.get_running_loop().time()
         metrics.OUTBOX_LAG.set(self.lag)
 
-    def _fan_out(self, events: Collection[OutboxEvent], shown_events: ShownEvents[F]) -> None:
+    async def _shown(self, conn: Executor, events: list[OutboxEvent]) -> ShownEvents[F] | None:
+        """What deciding the events needs, loaded for those with a subscription in their
+        audience only (a process with none reads no visibility for them). Loaded again
+        if a subscription opened during the load wants an event outside it."""
+        shown: ShownEvents[F] | None = None
+        loaded: set[Position] = set()
+        while True:
+            wanted = [e for e in events if self._has_audience(e)]
+            if {e.position for e in wanted} <= loaded:
+                return shown
+            shown = await self._visibility.load(conn, wanted)
+            loaded = {e.position for e in wanted}
+
+    def _has_audience(self, event: OutboxEvent) -> bool:
+        return any(s.live or s.joining for s in self._audience_subscriptions(event))
+
+    def _fan_out(
+        self, events: Collection[OutboxEvent], shown_events: ShownEvents[F] | None
+    ) -> None:
         for event in events:
             metrics.relay_delivered(event.occurred_at.timestamp())
+            if shown_events is None:
+                continue
             for subscription in self._audience_subscriptions(event):
                 if not (subscription.live or subscription.joining):
                     continue
