@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
@@ -346,6 +347,18 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         )
     after = offer_entry(inp.include_descendants, inp.priority, after_quota)
     authz_row = authz_values(pool, inp.to_tenant_id, inp.include_descendants)
+    written = next_version(pool)
+    # The answer is read first: it reads the offer and quota rows (written above), which
+    # neither the pool's row nor the authz row changes, so those two writes ride in the
+    # event's INSERT (app/db/carried_writes.py).
+    shown = replace(pool, **written)  # the pool as write_pool leaves it
+    # The seed: "returns the pool as that tenant sees it", the offered tenant.
+    if inp.to_tenant_id == pool.tenant_id:
+        detail = await owned_pool_detail(statements, principal, shown)
+    else:
+        detail = await offered_pool_detail(
+            statements, principal, shown, inp.to_tenant_id, authz_row
+        )
     if offer is None or offer.include_descendants != inp.include_descendants:
         await put_authz_row(
             statements,
@@ -354,7 +367,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             include_descendants=inp.include_descendants,
             new_offer=offer is None,
         )
-    pool = await write_pool(statements, pool, next_version(pool))
+    pool = await write_pool(statements, pool, written)
     uow.emit(
         PendingEvent(
             type="pool.offered",
@@ -371,10 +384,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             audience=frozenset({pool.tenant_id, inp.to_tenant_id}),
         )
     )
-    # The seed: "returns the pool as that tenant sees it", the offered tenant.
-    if inp.to_tenant_id == pool.tenant_id:
-        return await owned_pool_detail(statements, principal, pool)
-    return await offered_pool_detail(statements, principal, pool, inp.to_tenant_id, authz_row)
+    return detail
 
 
 async def unoffer_pool(

@@ -32,7 +32,8 @@ async def write_pool(
 ) -> LockedPool:
     """Set `values` (by attribute) on the locked pool's row, and on the session's Pool of
     that row if one is loaded, as its committed state; returns `pool` with them."""
-    await statements.execute(_WRITE_POOL, {"pool_key": pool.id, **values})
+    # Sent with the write's event, or before its next statement (carried_writes.py).
+    await statements.write_later(_WRITE_POOL, {"pool_key": pool.id, **values})
     sync_loaded(statements, Pool, lambda loaded: loaded.id == pool.id, lambda _: values)
     return replace(pool, **values)
 

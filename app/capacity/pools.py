@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import BigInteger, Select, String, Table, bindparam, func, insert, literal, select
@@ -378,10 +379,14 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         changed.append("gpuModel")
     written["version"] = pool.version + 1
     written["updated_at"] = utcnow()
-    pool = await write_pool(uow.statements, pool, written)  # the pool's row, one UPDATE
+    if "policy" in written:
+        # The rollup follows the sharing, the policy and the nodes: of these an update
+        # changes only the policy, so a gpuModel alone leaves it as it is.
+        await refresh_rollup(uow.statements, replace(pool, **written))
+    # The pool's row and its authz rows: blind writes, carried by the event's INSERT.
+    pool = await write_pool(uow.statements, pool, written)
     if moved_model:  # the same model leaves every authz row as it is
         await refresh_authz_rows(uow.statements, pool)
-    await refresh_rollup(uow.statements, pool)
     _emit_updated(uow, inp.tenant_id, pool, offers, changed, changes)
     return await owned_pool_detail(uow.statements, principal, pool, parts)
 
@@ -462,6 +467,9 @@ async def archive_pool(
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
     await lock_capacity_rows(uow.statements, pool.id)
+    # The owner's offer and quota rows, for the answer: read before the pool's row is
+    # written, so that its UPDATE rides in the event's INSERT (the archive changes none).
+    parts = await owned_parts(uow.statements, principal, pool)
     archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
     pool = await write_pool(uow.statements, pool, archived)
     uow.emit(
@@ -473,4 +481,4 @@ async def archive_pool(
             audience=frozenset(removed) | {pool.tenant_id},
         )
     )
-    return await owned_pool_detail(uow.statements, principal, pool)
+    return await owned_pool_detail(uow.statements, principal, pool, parts)

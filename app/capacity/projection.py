@@ -77,7 +77,8 @@ async def put_authz_row(
                 lambda _: values,
             )
             return
-    await statements.execute(_ADD, {"tenant_id": tenant_id, "pool_id": pool.id, **values})
+    # A blind write: it may ride in the write's event INSERT (app/db/carried_writes.py).
+    await statements.write_later(_ADD, {"tenant_id": tenant_id, "pool_id": pool.id, **values})
 
 
 async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) -> None:
@@ -113,7 +114,7 @@ _REFRESH = (
 async def refresh_authz_rows(statements: SessionStatements, pool: LockedPool) -> None:
     """After an update: only gpuModel of the narrowing attributes can change."""
     model = pool.gpu_model
-    await statements.execute(_REFRESH, {"pool_key": pool.id, "model": model})
+    await statements.write_later(_REFRESH, {"pool_key": pool.id, "model": model})
     sync_loaded(
         statements, AuthzRow, lambda row: row.pool_id == pool.id, lambda _: {"gpu_model": model}
     )

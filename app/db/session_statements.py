@@ -38,10 +38,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.dml import ValuesBase
+from sqlalchemy.sql.dml import UpdateBase, ValuesBase
 from sqlalchemy.sql.selectable import TypedReturnsRows
 from sqlalchemy.util.typing import TupleAny
 
+from app.db.carried_writes import CarriedWrites, Write
 from app.db.direct import traced
 from app.metrics import statement_sent
 
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 # Compiled statements kept (each holds its statement, so its id stays its own).
 MAX_COMPILED: Final = 256
+# Statements with blind writes carried (app/db/carried_writes.py), for every unit of work.
+_CARRIED: Final = CarriedWrites()
 _Processor = Callable[[Any], Any] | None
 _Ts = TypeVarTuple("_Ts")
 
@@ -187,6 +190,32 @@ class SessionStatements:
         self._connection: AsyncConnection | None = None
         self._raw: Any = None
         self._begin: Callable[[], Awaitable[None]] | None = None
+        self._later: list[Write] = []  # blind writes not sent yet (write_later)
+
+    async def write_later(self, statement: UpdateBase, params: Mapping[str, Any]) -> None:
+        """A write whose result nobody reads. On PostgreSQL it is sent with the statement
+        that next carries writes (a unit of work's event INSERT: `carrying`), or right
+        before any other statement, so every statement still sees it; elsewhere now."""
+        if self.session.get_bind().dialect.name != "postgresql":
+            await self.execute(statement, params)
+            return
+        self._later.append((statement, dict(params)))
+
+    async def send_later(self) -> None:
+        """Send the writes still held, in their order, each as its own statement."""
+        later, self._later = self._later, []
+        for statement, params in later:
+            await self.execute(statement, params)
+
+    def carrying(
+        self, statement: Select[Any], params: Mapping[str, Any]
+    ) -> tuple[Select[Any], dict[str, Any]]:
+        """`statement` with the writes still held as its CTEs, and its parameters with
+        theirs: to be executed next. Without any held, `statement` itself."""
+        if not self._later:
+            return statement, dict(params)
+        later, self._later = self._later, []
+        return _CARRIED.combine(statement, params, later)
 
     async def connection(self) -> AsyncConnection:
         if self._connection is None:
@@ -225,6 +254,8 @@ class SessionStatements:
     async def execute(
         self, statement: Executable, params: Mapping[str, Any] | None = None
     ) -> Result[*TupleAny]:
+        if self._later:
+            await self.send_later()
         session = self.session
         conn = await self.connection()
         raw = self._raw
@@ -258,6 +289,8 @@ class SessionStatements:
         if len(rows) == 1:
             await self.execute(statement, rows[0])
             return
+        if self._later:
+            await self.send_later()
         session = self.session
         if session.new or session.dirty or session.deleted:
             await session.flush()

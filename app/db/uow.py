@@ -97,6 +97,7 @@ class UnitOfWork:
         try:
             if exc_type is None:
                 newest = await append_events(self.statements, self._events)
+                await self.statements.send_later()  # what no event carried
                 self.committing = True
                 await self.session.commit()
             else:

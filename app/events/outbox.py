@@ -199,8 +199,11 @@ async def append_events(
         for row in rows:
             row["tx_pool"] = row["pool_id"]
     if postgres and len(rows) == 1:  # a write's one event: with its audience, one statement
-        params = {**rows[0], "tenants": sorted(pending[0].audience)}
-        tx, seq = (await statements.execute(_INSERT_ONE, params)).one()
+        # The write's blind writes still held ride in it (app/db/carried_writes.py).
+        statement, params = statements.carrying(
+            _INSERT_ONE, {**rows[0], "tenants": sorted(pending[0].audience)}
+        )
+        tx, seq = (await statements.execute(statement, params)).one()
         return Position(tx, seq)
     # One statement however many events; positions come back in the order of `pending`.
     inserted = _INSERT if postgres else _INSERT_SQLITE
