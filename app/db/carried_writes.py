@@ -15,6 +15,7 @@ SQLite has no data-modifying CTEs: there every write is sent when it is asked fo
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
@@ -22,7 +23,7 @@ from typing import Any, Final, cast
 from sqlalchemy import Select, bindparam
 from sqlalchemy.sql.dml import Insert, Update, UpdateBase
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.visitors import ExternallyTraversible, replacement_traverse
+from sqlalchemy.sql.visitors import ExternallyTraversible, iterate, replacement_traverse
 
 # Combinations kept (a write's shape: a few per kind of write).
 MAX_COMBINED: Final = 64
@@ -36,9 +37,15 @@ def _columns(statement: UpdateBase, params: Mapping[str, Any]) -> list[str]:
     column_keys: parameters named like a column of its table and bound nowhere in it."""
     if not isinstance(statement, Update | Insert):
         return []
-    bound = {b.key for b in statement._get_embedded_bindparams()}
+    bound = _bound(statement)
     table = statement.table
     return sorted(k for k in params if k in table.c and k not in bound)
+
+
+@functools.lru_cache(maxsize=256)  # statements built once: a few, each walked once
+def _bound(statement: UpdateBase) -> frozenset[str]:
+    """The names of the parameters bound in the statement itself (its WHERE, its values)."""
+    return frozenset(e.key for e in iterate(statement) if isinstance(e, BindParameter))
 
 
 def _renamed(statement: Any, prefix: str) -> Any:
