@@ -607,7 +607,9 @@ class Relay(Generic[F]):
             loaded = {e.position for e in wanted}
 
     def _has_audience(self, event: OutboxEvent) -> bool:
-        return any(s.live or s.joining for s in self._audience_subscriptions(event))
+        # Any subscription attached for a tenant of the audience (a replaying one too: a
+        # load too many is harmless); linear in the audience, no set built per event.
+        return any(tenant in self._by_tenant for tenant in event.audience)
 
     def _fan_out(
         self, events: Collection[OutboxEvent], shown_events: ShownEvents[F] | None
