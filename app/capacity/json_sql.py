@@ -40,6 +40,7 @@ import contextlib
 import functools
 import logging
 import sqlite3
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -311,13 +312,26 @@ class JsonArray(ColumnElement[Any]):
         self.order = tuple(order)
 
 
+# The clauses a JsonArray's form builds while compiling, kept until that compile ends: an
+# anonymous name (`json_agg_1`, `anon_2`) is drawn from its clause's id(), so a clause
+# freed while the statement still compiles lends its id, and its name, to the next one
+# built; the same statement would then compile to different texts from run to run.
+_BUILT: weakref.WeakKeyDictionary[SQLCompiler, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def _process_built(compiler: SQLCompiler, built: ColumnElement[Any], **kw: Any) -> str:
+    """`built`'s text within `compiler`'s statement, `built` alive until that ends."""
+    _BUILT.setdefault(compiler, []).append(built)
+    return compiler.process(built, **kw)
+
+
 @compiles(JsonArray, "postgresql")
 def _json_array_postgresql(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> str:
     item: ColumnElement[Any] = element.item
     if element.order:
         item = aggregate_order_by(item, *element.order)
     rows = element.rows.with_only_columns(func.json_agg(item)).scalar_subquery()
-    return compiler.process(func.coalesce(rows, literal_column("'[]'::json")), **kw)
+    return _process_built(compiler, func.coalesce(rows, literal_column("'[]'::json")), **kw)
 
 
 # SQLite keeps a FROM-clause subquery's ORDER BY when the query over it calls an
@@ -373,7 +387,8 @@ def _json_array_sqlite(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> 
             order_by=element.order or None, rows=(None, None)
         )
         rows = element.rows.with_only_columns(agg).limit(literal_column("1")).scalar_subquery()
-        return compiler.process(func.json(func.coalesce(rows, literal_column("'[]'"))), **kw)
+        window = func.json(func.coalesce(rows, literal_column("'[]'")))
+        return _process_built(compiler, window, **kw)
     # The rows' columns the item (its nested arrays' correlations included) reads, in
     # `order`, as a subquery; the item is built over it, outside it (a value that leaves
     # a subquery loses its JSON subtype; a scalar subquery's keeps it, so no json() is
@@ -392,7 +407,7 @@ def _json_array_sqlite(element: JsonArray, compiler: SQLCompiler, **kw: Any) -> 
     )
     item = ClauseAdapter(ordered).traverse(element.item)
     array = select(func.json_group_array(item)).select_from(ordered).scalar_subquery()
-    return compiler.process(array, **kw)
+    return _process_built(compiler, array, **kw)
 
 
 @dataclass(frozen=True, slots=True)
