@@ -7,6 +7,7 @@ which answers them exactly (REST) or refuses the field (GraphQL's Long), as it a
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -161,22 +162,25 @@ async def test_the_database_ranks_and_cuts_alike(pair: Pair, fleet: Fleet) -> No
 
 
 async def test_a_sum_past_a_long_is_left_to_the_plain_read(pair: Pair, fleet: Fleet) -> None:
-    """2^63 (two guests' 2^62) and 2^64 - 2 (two guests' 2^63 - 1), past SQLite's
-    integers: ranked by their exact quotients, shown exactly by REST, refused by GraphQL's
-    Long; the compiled read answers while no such row is among the first `first`, and
-    declines once one is. (Past 2^64 REST's JSON encoder refuses the number: INTERNAL, as
-    before sums were taken in SQL.)"""
+    """2^63 (two guests' 2^62), 2^64 - 2 (two guests' 2^63 - 1) and 3 * (2^63 - 1) (three
+    guests', past 64 bits: orjson's limit, app/http/responses.py), past SQLite's integers:
+    ranked by their exact quotients, shown exactly by REST, refused by GraphQL's Long; the
+    compiled read answers while no such row is among the first `first`, and declines once
+    one is."""
     o = await Owner.start(pair, fleet)
     lent_on_nothing = await o.pool(1, "mig", {}, globex={"gpu.mig": 1})
     past_long = await o.pool(4, globex={"gpu": 2**62}, initech={"gpu": 2**62})
     two_longs = await o.pool(7, globex={"gpu": MAX_AMOUNT}, initech={"gpu": MAX_AMOUNT})
+    most = {"gpu": MAX_AMOUNT}
+    past_64_bits = await o.pool(9, globex=most, initech=most, hooli=most)
     rest = await o.pair.plain.post(
         REST, json={"tenantId": "acme"}, headers={"authorization": f"Bearer {o.token}"}
     )
     assert rest.status_code == 200, rest.text
-    rows = orjson.loads(rest.content)["lending"]
+    rows = json.loads(rest.content)["lending"]  # orjson reads an integer past 64 bits as a float
     assert [(r["poolId"], r["resource"], r["offered"], r["overcommit"]) for r in rows] == [
         (lent_on_nothing, "gpu.mig", 1, None),
+        (past_64_bits, "gpu", 3 * MAX_AMOUNT, 3 * MAX_AMOUNT / 9),
         (two_longs, "gpu", 2 * MAX_AMOUNT, 2 * MAX_AMOUNT / 7),
         (past_long, "gpu", 2**63, 2.0**61),
         (lent_on_nothing, "gpu", 0, 0.0),
