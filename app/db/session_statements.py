@@ -73,10 +73,13 @@ class DriverStatement:
     def arguments(self, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         if self.expanding:  # an IN list: its text depends on the number of values
             state = self.compiled.construct_expanded_state(dict(params))
-            processors = state.processors
+            # The expanded state's processors are those of the IN lists' values only
+            # (SQLAlchemy's execution adds the statement's own): a JSONB beside an IN
+            # list was sent as a dict.
+            processors = {**self.binds, **state.processors}
             values = state.parameters
             return state.statement, tuple(
-                processors[n](values[n]) if n in processors else values[n]
+                p(values[n]) if (p := processors.get(n)) is not None else values[n]
                 for n in state.positiontup or ()
             )
         values = self.compiled.construct_params(dict(params))

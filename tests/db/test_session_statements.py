@@ -74,6 +74,33 @@ async def test_both_paths_answer_alike_in_the_same_transaction(db: Database, fle
         assert {d.statement for d in compiled} >= {_NAMED, _AMONG}
 
 
+_LABEL_AMONG = (
+    update(Pool.__table__)
+    .where(Pool.__table__.c.id.in_(bindparam("ids", expanding=True)))
+    .values(labels=bindparam("labels"))
+)
+
+
+async def test_an_in_list_beside_a_processed_value(db: Database, fleet: Fleet) -> None:
+    """An IN list's statement whose other values need their type's processing (a JSON
+    column's dict): on the driver, the expanded state's processors are the list's only;
+    the statement's own were dropped, and the dict was sent as it is (asyncpg refused it)."""
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    owner = await authenticate(db, f"Bearer {await fleet.caller('acme')}")
+    body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+    made = [
+        (await Capacity(db).create_pool(owner, CreatePoolInput.model_validate(body))).pool.id
+        for _ in range(2)
+    ]
+    for n in range(3):  # seen once, then compiled for the driver
+        async with UnitOfWork(db) as uow:
+            await uow.statements.execute(_LABEL_AMONG, {"ids": made, "labels": {"n": str(n)}})
+    async with db.reader.connect() as conn:
+        found = await conn.execute(select(Pool.labels).where(Pool.id.in_(made)))
+        assert [labels for (labels,) in found] == [{"n": "2"}] * 2
+
+
 async def test_a_driver_statement_is_in_the_unit_of_works_transaction(
     db: Database, fleet: Fleet
 ) -> None:
