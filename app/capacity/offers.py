@@ -228,8 +228,9 @@ _SET_QUOTA = (
 
 
 async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id: str) -> None:
-    """Remove an offer: its authz row goes, its quota rows drop to what is in use."""
-    await statements.execute(_DELETE_OFFER, {"pool_key": pool_id, "tenant": tenant_id})
+    """Remove an offer: its authz row goes, its quota rows drop to what is in use. Blind
+    writes, all three: an unoffer's ride in its event INSERT (app/db/carried_writes.py)."""
+    await statements.write_later(_DELETE_OFFER, {"pool_key": pool_id, "tenant": tenant_id})
     await _withdrawn(statements, pool_id, [tenant_id])
 
 
@@ -253,7 +254,9 @@ async def _withdrawn(
     gone = set(tenant_ids)
     forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
     await remove_authz_rows(statements, pool_id, tenant_ids)
-    await statements.execute(_DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+    await statements.write_later(
+        _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
+    )
     sync_loaded(
         statements,
         QuotaRow,

@@ -97,10 +97,11 @@ _REMOVE = delete(_AUTHZ).where(
 async def remove_authz_rows(
     statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
 ) -> None:
-    """The tenants' rows go (their offers went); the session forgets those it had loaded."""
+    """The tenants' rows go (their offers went); the session forgets those it had loaded.
+    A blind write: it may ride in the write's event INSERT (app/db/carried_writes.py)."""
     gone = set(tenant_ids)
     forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
-    await statements.execute(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+    await statements.write_later(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
 
 
 # Every authz row of a pool, its gpuModel set; built once.

@@ -194,12 +194,16 @@ class SessionStatements:
         self._raw: Any = None
         self._begin: Callable[[], Awaitable[None]] | None = None
         self._later: list[Write] = []  # blind writes not sent yet (write_later)
+        # Whether write_later may hold a write: not in a unit of work that also reads
+        # through the ORM session (a fleet apply), whose statements do not come here.
+        self.holding = True
 
     async def write_later(self, statement: UpdateBase, params: Mapping[str, Any]) -> None:
         """A write whose result nobody reads. On PostgreSQL it is sent with the statement
         that next carries writes (a unit of work's event INSERT: `carrying`), or right
-        before any other statement, so every statement still sees it; elsewhere now."""
-        if self.session.get_bind().dialect.name != "postgresql":
+        before any other statement, so every statement still sees it; elsewhere now (and
+        where `holding` is off)."""
+        if not self.holding or self.session.get_bind().dialect.name != "postgresql":
             await self.execute(statement, params)
             return
         self._later.append((statement, dict(params)))

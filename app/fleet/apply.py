@@ -132,6 +132,9 @@ class _Apply:
     def __init__(self, uow: UnitOfWork, report: Report, *, dry_run: bool, prune: bool) -> None:
         self.uow = uow
         self.session = uow.session
+        # Its ORM reads (self.session) interleave with the domain's writes and do not go
+        # through uow.statements, which would send a held write before them.
+        uow.statements.holding = False
         self.report = report
         self.dry_run = dry_run
         self.prune = prune

@@ -36,6 +36,8 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # pool's row, a gpuModel's authz rows and a new offer's authz row are blind writes that
 # ride in the event's INSERT (app/db/carried_writes.py), the answer read before them; an
 # update without a policy leaves the rollup unread (it follows sharing, policy, nodes).
+# Since then (6 for unoffer): an unoffer's offer, authz and quota writes ride in its event
+# too (nothing reads after them).
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
@@ -44,7 +46,7 @@ STATEMENTS = {
         "offer (resize)": 6,
         "update (policy)": 5,
         "update (gpuModel)": 3,
-        "unoffer": 6,
+        "unoffer": 3,
         "archive": 7,
     },
     "sqlite": {

@@ -114,3 +114,24 @@ async def test_a_held_write_without_an_event_is_sent_at_commit_and_not_after_a_f
             await uow.statements.write_later(_WRITE, {"pool_key": pool_id, "gpu_model": "lost"})
             raise RuntimeError("the write fails")
     assert (await _pool_row(db, pool_id)).gpu_model == "kept"
+
+
+async def test_a_unit_of_work_that_holds_nothing_sends_a_write_at_once(
+    db: Database, fleet: Fleet
+) -> None:
+    """A fleet apply reads through the ORM session, past `uow.statements`: a held write
+    would be missed by those reads, so with `holding` off `write_later` sends it at once."""
+    [pool_id] = await bare_pools(fleet, db, 1)
+    for holding in (True, False):
+        async with UnitOfWork(db) as uow:
+            uow.statements.holding = holding
+            await uow.statements.write_later(
+                _WRITE, {"pool_key": pool_id, "gpu_model": f"seen-{holding}"}
+            )
+            found = await uow.session.scalar(
+                select(_POOLS.c.gpu_model).where(_POOLS.c.id == pool_id)
+            )
+            # Held (PostgreSQL), the ORM session's own read does not see it yet.
+            held = holding and db.dialect == "postgresql"
+            assert (found == f"seen-{holding}") is not held
+        assert (await _pool_row(db, pool_id)).gpu_model == f"seen-{holding}"
