@@ -7,7 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
+    Select,
     Table,
+    Update,
     and_,
     bindparam,
     delete,
@@ -20,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import BindParameter
 
 from app.capacity.access import (
     LockedPool,
@@ -32,7 +35,12 @@ from app.capacity.impact import unoffer_impact
 from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import offered_pool_detail, owned_pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
-from app.capacity.projection import authz_values, put_authz_row, remove_authz_rows
+from app.capacity.projection import (
+    authz_values,
+    put_authz_row,
+    remove_authz_rows,
+    removing_authz_rows,
+)
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.engine import Executor
@@ -147,25 +155,36 @@ _DELETE_GUEST_OFFERS = (
     .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id != bindparam("owner"))
     .returning(_OFFERS.c.tenant_id)
 )
-_WITHDRAWN_ROWS = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(
-    bindparam("tenants", expanding=True)
-)
-# The rows drop to what is in use, in one statement that first locks them in resource
-# order (tenant by tenant), as bookings and releases take them: its subquery's FOR
-# UPDATE locks rows in its ORDER BY's order before the UPDATE writes them.
-_LOCK_WITHDRAWN = (
-    select(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
-    .where(_WITHDRAWN_ROWS)
-    .order_by(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
-    .with_for_update()
-)
-_DROP_WITHDRAWN = (
-    update(_QUOTAS)
-    .where(
-        _WITHDRAWN_ROWS,
-        tuple_(_QUOTAS.c.tenant_id, _QUOTAS.c.resource).in_(_LOCK_WITHDRAWN),
+
+
+def _dropping_withdrawn(tenants: BindParameter[Any] | Select[Any]) -> Update:
+    """The tenants' quota rows of a pool drop to what is in use, in one statement that first
+    locks them in resource order (tenant by tenant), as bookings and releases take them:
+    its subquery's FOR UPDATE locks rows in its ORDER BY's order before the UPDATE writes
+    them. `tenants` a list bound per call, or a subquery (`_WITHDRAW_GUESTS`)."""
+    rows = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(tenants)
+    locked = (
+        select(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
+        .where(rows)
+        .order_by(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
+        .with_for_update()
     )
-    .values(max=_QUOTAS.c.used)
+    return (
+        update(_QUOTAS)
+        .where(rows, tuple_(_QUOTAS.c.tenant_id, _QUOTAS.c.resource).in_(locked))
+        .values(max=_QUOTAS.c.used)
+    )
+
+
+_DROP_WITHDRAWN = _dropping_withdrawn(bindparam("tenants", expanding=True))
+# An archive's withdrawal on PostgreSQL: the guests' offers, authz rows and quota maxima
+# in one statement, the same three writes with the deleted offers' tenants as their list
+# (of one snapshot: none of them reads what another writes). It answers the guests.
+_GONE = _DELETE_GUEST_OFFERS.cte("gone")
+_GONE_TENANTS = select(_GONE.c.tenant_id)
+_WITHDRAW_GUESTS = _GONE_TENANTS.add_cte(
+    removing_authz_rows(_GONE_TENANTS).cte("authz_gone"),
+    _dropping_withdrawn(_GONE_TENANTS).cte("quotas_dropped"),
 )
 
 
@@ -236,11 +255,16 @@ async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id:
 
 async def withdraw_guest_offers(statements: SessionStatements, pool: LockedPool) -> list[str]:
     """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
-    same statements however many there are; returns the guests, in tenant order."""
-    removed = await statements.execute(
-        _DELETE_GUEST_OFFERS, {"pool_key": pool.id, "owner": pool.tenant_id}
-    )
-    guests = sorted(removed.scalars())
+    same statements however many there are; returns the guests, in tenant order. On
+    PostgreSQL one statement (`_WITHDRAW_GUESTS`): its quota rows are locked in it, still
+    before the archive's capacity rows (docs/decisions/0004, "Deadlocks")."""
+    at = {"pool_key": pool.id, "owner": pool.tenant_id}
+    if statements.dialect == "postgresql":
+        guests = sorted((await statements.execute(_WITHDRAW_GUESTS, at)).scalars())
+        await remove_authz_rows(statements, pool.id, guests, sent=True)
+        _forget_withdrawn(statements, pool.id, guests)
+        return guests
+    guests = sorted((await statements.execute(_DELETE_GUEST_OFFERS, at)).scalars())
     await _withdrawn(statements, pool.id, guests)  # with none, as many statements
     return guests
 
@@ -249,14 +273,21 @@ async def _withdrawn(
     statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
 ) -> None:
     """After their offers are deleted: the tenants' authz rows go, their quota rows drop
-    to what is in use. The session forgets the rows' objects it had loaded (a fleet
-    apply's offers), and gives its loaded quota rows their new maxima."""
-    gone = set(tenant_ids)
-    forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
+    to what is in use."""
     await remove_authz_rows(statements, pool_id, tenant_ids)
     await statements.write_later(
         _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
     )
+    _forget_withdrawn(statements, pool_id, tenant_ids)
+
+
+def _forget_withdrawn(
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+) -> None:
+    """The session forgets the withdrawn offers it had loaded (a fleet apply's), and gives
+    its loaded quota rows their new maxima."""
+    gone = set(tenant_ids)
+    forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
     sync_loaded(
         statements,
         QuotaRow,

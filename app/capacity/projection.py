@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, update
+from sqlalchemy import Delete, Select, Table, bindparam, delete, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import BindParameter
 
 from app.capacity.access import LockedPool
 from app.capacity.pool_rows import forget_loaded, sync_loaded
@@ -87,21 +88,27 @@ async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) 
     )
 
 
-# Some tenants' authz rows of a pool; built once.
-_REMOVE = delete(_AUTHZ).where(
-    _AUTHZ.c.pool_id == bindparam("pool_key"),
-    _AUTHZ.c.tenant_id.in_(bindparam("tenants", expanding=True)),
-)
+def removing_authz_rows(tenants: BindParameter[Any] | Select[Any]) -> Delete:
+    """Some tenants' authz rows of a pool: `tenants` a list bound per call, or a subquery
+    (an archive's withdrawn guests, app/capacity/offers.py)."""
+    return delete(_AUTHZ).where(
+        _AUTHZ.c.pool_id == bindparam("pool_key"), _AUTHZ.c.tenant_id.in_(tenants)
+    )
+
+
+_REMOVE = removing_authz_rows(bindparam("tenants", expanding=True))  # built once
 
 
 async def remove_authz_rows(
-    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str], *, sent: bool = False
 ) -> None:
     """The tenants' rows go (their offers went); the session forgets those it had loaded.
-    A blind write: it may ride in the write's event INSERT (app/db/carried_writes.py)."""
+    A blind write: it may ride in the write's event INSERT (app/db/carried_writes.py).
+    `sent`: the rows went in a statement of the caller's (`removing_authz_rows`)."""
     gone = set(tenant_ids)
     forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
-    await statements.write_later(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+    if not sent:
+        await statements.write_later(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
 
 
 # Every authz row of a pool, its gpuModel set; built once.

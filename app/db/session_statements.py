@@ -197,13 +197,21 @@ class SessionStatements:
         # Whether write_later may hold a write: not in a unit of work that also reads
         # through the ORM session (a fleet apply), whose statements do not come here.
         self.holding = True
+        self._dialect: str | None = None
+
+    @property
+    def dialect(self) -> str:
+        """The session's dialect name ("postgresql", "sqlite"), asked once."""
+        if self._dialect is None:
+            self._dialect = self.session.get_bind().dialect.name
+        return self._dialect
 
     async def write_later(self, statement: UpdateBase, params: Mapping[str, Any]) -> None:
         """A write whose result nobody reads. On PostgreSQL it is sent with the statement
         that next carries writes (a unit of work's event INSERT: `carrying`), or right
         before any other statement, so every statement still sees it; elsewhere now (and
         where `holding` is off)."""
-        if not self.holding or self.session.get_bind().dialect.name != "postgresql":
+        if not self.holding or self.dialect != "postgresql":
             await self.execute(statement, params)
             return
         self._later.append((statement, dict(params)))

@@ -47,7 +47,7 @@ STATEMENTS = {
         "update (policy)": 5,
         "update (gpuModel)": 3,
         "unoffer": 3,
-        "archive": 7,
+        "archive": 5,
     },
     "sqlite": {
         "create": 11,
