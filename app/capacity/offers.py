@@ -17,6 +17,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    true,
     tuple_,
     update,
 )
@@ -66,7 +67,7 @@ _OFFER_ROWS = (
 async def _check_offer_state(
     uow: UnitOfWork, pool: LockedPool, inp: OfferPoolInput, facts: Row[Any]
 ) -> None:
-    """The seed's INVALID_STATE rules for offer, over `_OFFER_FACTS`' row."""
+    """The seed's INVALID_STATE rules for offer, over the facts of `_OFFER_FACTS`."""
     if pool.archived:
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     to_guest = inp.to_tenant_id != pool.tenant_id
@@ -236,6 +237,17 @@ _OFFER_FACTS = select(
     .label("tenant_nodes"),
     exists().where(Tenant.id == bindparam("tenant")).label("tenant_exists"),
 )
+# The facts with the target's quota rows, locked (a concurrent release must not change
+# `used` under a resize), in one statement: one row per quota row, or one with NULL
+# resource when it holds none. The lock comes before the rules look (a refusal held it
+# for nothing, and let it go at once).
+_FACTS = _OFFER_FACTS.subquery("facts")
+_LOCKED = _LOCK_QUOTAS.subquery("locked")
+_OFFER_FACTS_AND_QUOTAS = (
+    select(_FACTS, _LOCKED.c.resource, _LOCKED.c.max, _LOCKED.c.used)
+    .select_from(_FACTS.outerjoin(_LOCKED, true()))
+    .order_by(_LOCKED.c.resource)
+)
 _ADD_OFFER = insert(_OFFERS)
 _SET_OFFER = update(_OFFERS).where(_AT_OFFER)
 _ADD_QUOTA = insert(_QUOTAS)
@@ -303,11 +315,11 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
     at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
-    facts = (await statements.execute(_OFFER_FACTS, at)).one()
+    found = (await statements.execute(_OFFER_FACTS_AND_QUOTAS, at)).all()
+    facts = found[0]
     await _check_offer_state(uow, pool, inp, facts)
     offer = None if facts.include_descendants is None else facts
-    # Locked: a concurrent release must not change `used` under the resize.
-    rows = {row.resource: row for row in (await statements.execute(_LOCK_QUOTAS, at)).all()}
+    rows = {row.resource: row for row in found if row.resource is not None}
     _check_offer_bounds(inp, offers=facts.offers if offer is None else None, rows=set(rows))
     target_exists = facts.tenant_exists
     if not target_exists and principal.is_fleet_admin:

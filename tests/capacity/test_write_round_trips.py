@@ -36,14 +36,16 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # pool's row, a gpuModel's authz rows and a new offer's authz row are blind writes that
 # ride in the event's INSERT (app/db/carried_writes.py), the answer read before them; an
 # update without a policy leaves the rollup unread (it follows sharing, policy, nodes).
-# Since then (6 for unoffer): an unoffer's offer, authz and quota writes ride in its event
-# too (nothing reads after them).
+# Since then (7, 6 for offer new/resize, 6 for unoffer, 7 for archive): an unoffer's offer,
+# authz and quota writes ride in its event too (nothing reads after them); an archive's
+# guests' offers, authz and quota rows go in one statement; an offer reads its facts with
+# the target's quota rows locked, in one.
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
         "create": 3,
-        "offer (new)": 7,
-        "offer (resize)": 6,
+        "offer (new)": 6,
+        "offer (resize)": 5,
         "update (policy)": 5,
         "update (gpuModel)": 3,
         "unoffer": 3,
@@ -51,8 +53,8 @@ STATEMENTS = {
     },
     "sqlite": {
         "create": 11,
-        "offer (new)": 13,
-        "offer (resize)": 11,
+        "offer (new)": 12,
+        "offer (resize)": 10,
         "update (policy)": 10,
         "update (gpuModel)": 9,
         "unoffer": 11,
