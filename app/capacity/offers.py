@@ -271,33 +271,25 @@ async def withdraw_guest_offers(statements: SessionStatements, pool: LockedPool)
     PostgreSQL one statement (`_WITHDRAW_GUESTS`): its quota rows are locked in it, still
     before the archive's capacity rows (docs/decisions/0004, "Deadlocks")."""
     at = {"pool_key": pool.id, "owner": pool.tenant_id}
-    if statements.dialect == "postgresql":
-        guests = sorted((await statements.execute(_WITHDRAW_GUESTS, at)).scalars())
-        await remove_authz_rows(statements, pool.id, guests, sent=True)
-        _forget_withdrawn(statements, pool.id, guests)
-        return guests
-    guests = sorted((await statements.execute(_DELETE_GUEST_OFFERS, at)).scalars())
-    await _withdrawn(statements, pool.id, guests)  # with none, as many statements
+    one = statements.dialect == "postgresql"
+    removed = await statements.execute(_WITHDRAW_GUESTS if one else _DELETE_GUEST_OFFERS, at)
+    guests = sorted(removed.scalars())
+    await _withdrawn(statements, pool.id, guests, sent=one)  # with none, as many statements
     return guests
 
 
 async def _withdrawn(
-    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
+    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str], *, sent: bool = False
 ) -> None:
     """After their offers are deleted: the tenants' authz rows go, their quota rows drop
-    to what is in use."""
-    await remove_authz_rows(statements, pool_id, tenant_ids)
-    await statements.write_later(
-        _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
-    )
-    _forget_withdrawn(statements, pool_id, tenant_ids)
-
-
-def _forget_withdrawn(
-    statements: SessionStatements, pool_id: str, tenant_ids: Sequence[str]
-) -> None:
-    """The session forgets the withdrawn offers it had loaded (a fleet apply's), and gives
-    its loaded quota rows their new maxima."""
+    to what is in use (`sent`: both went with the offers, `_WITHDRAW_GUESTS`). The session
+    forgets the withdrawn offers it had loaded (a fleet apply's), and gives its loaded
+    quota rows their new maxima."""
+    await remove_authz_rows(statements, pool_id, tenant_ids, sent=sent)
+    if not sent:
+        await statements.write_later(
+            _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
+        )
     gone = set(tenant_ids)
     forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
     sync_loaded(
