@@ -254,6 +254,12 @@ def statement_sent() -> None:
     _statements.get(request_transport.get(), _statements[OTHER]).inc()
 
 
+def transaction_ended(outcome: str) -> None:
+    """A transaction ended outside SQLAlchemy's `Connection` (app/db/lease.py), whose
+    events count the rest (`instrument_engine`): "commit" or "rollback"."""
+    DB_TRANSACTIONS.labels(outcome).inc()
+
+
 def relay_delivered(occurred_at_s: float) -> None:
     RELAY_LATENCY.observe(max(0.0, time.time() - occurred_at_s))
 

@@ -22,6 +22,7 @@ from app.capacity.views import PoolView, StoredPool
 from app.catalog import Method
 from app.db.engine import Executor
 from app.db.models import AuthzRow, Pool
+from app.db.session_statements import SessionStatements
 from app.db.uow import UnitOfWork
 from app.errors import Conflict, PermissionDenied
 from app.events.outbox import note_pool_lock
@@ -132,12 +133,12 @@ async def lock_owned_pool_row(
             found.owner_region,
             found.owner_owned,
         )
-    _owned(uow.session, principal, pool_id, owned, method.permission)
+    _owned(uow.statements, principal, pool_id, owned, method.permission)
     return LockedPool(**{name: getattr(found, name) for name in POOL_COLUMNS})
 
 
 def _owned(
-    session: AsyncSession,
+    tx: AsyncSession | SessionStatements,
     principal: Principal,
     pool_id: str,
     owner_row: PoolAttributes | None,
@@ -145,7 +146,7 @@ def _owned(
 ) -> None:
     """The rule of both lock reads, over a pool the actor's tenant owns (anything else is
     NOT_FOUND before this) and the actor's own authz row's attributes."""
-    note_pool_lock(session, pool_id)  # the pool's events may be written (events/outbox.py)
+    note_pool_lock(tx, pool_id)  # the pool's events may be written (events/outbox.py)
     if owner_row is None:  # the projection always holds the owner's row
         raise pool_not_found(pool_id)
     decide_pool(principal, permission, owner_row)

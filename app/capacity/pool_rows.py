@@ -46,7 +46,7 @@ def sync_loaded(
 ) -> None:
     """Give the session's loaded `kind` objects that `match` the values just written to
     their rows (None: that row was not written), as their committed state."""
-    for obj in list(statements.session.identity_map.values()):
+    for obj in statements.loaded():
         if isinstance(obj, kind) and match(obj):
             written = values(obj)
             for name, value in (written or {}).items():
@@ -58,6 +58,6 @@ def forget_loaded(
 ) -> None:
     """Take the session's loaded `kind` objects that `match` out of it: their rows are
     being deleted by a Core statement, so a later `session.get` must read afresh."""
-    for obj in list(statements.session.identity_map.values()):
+    for obj in statements.loaded():
         if isinstance(obj, kind) and match(obj):
             statements.session.expunge(obj)

@@ -172,7 +172,7 @@ async def create_pool(uow: UnitOfWork, principal: Principal, inp: CreatePoolInpu
     )
     quota = inp.owner_quota if inp.owner_quota is not None else DEFAULT_OWNER_QUOTA
     parts = await _add_pool_rows(uow, call, pool, quota)
-    note_pool_created(uow.session, pool_id)  # its events' order: app/events/outbox.py
+    note_pool_created(uow.statements, pool_id)  # its events' order: app/events/outbox.py
     uow.emit(
         PendingEvent(
             type="pool.created",

@@ -44,6 +44,7 @@ from sqlalchemy.util.typing import TupleAny
 
 from app.db.carried_writes import CarriedWrites, Write
 from app.db.direct import traced
+from app.db.lease import Lease, lease_problem
 from app.metrics import statement_sent
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,8 @@ class DriverStatements:
     def __init__(self, dialect: Dialect) -> None:
         self._dialect = dialect
         self.begins = _begin_problem() is None
+        # Units of work lease their connection (app/db/lease.py): BEGIN is sent as above.
+        self.leases = self.begins and lease_problem() is None
         self._compiled: OrderedDict[tuple[int, tuple[str, ...] | None], DriverStatement | None]
         self._compiled = OrderedDict()
         # Statements seen once (held weakly: one built per call is gone by the next call).
@@ -187,12 +190,19 @@ class SessionStatements:
     each a built-once statement on the driver when the fence allows (module docstring).
     An Executor (app/db/engine.py): the reads take it as they take a connection."""
 
-    def __init__(self, session: AsyncSession, driver: DriverStatements | None) -> None:
-        self.session = session
+    def __init__(self, session: AsyncSession | Lease, driver: DriverStatements | None) -> None:
+        # A session's connection, or a leased one whose session is made on first need
+        # (app/db/lease.py).
+        self._lease = session if isinstance(session, Lease) else None
+        self._session = None if isinstance(session, Lease) else session
         self._driver = driver
         self._connection: AsyncConnection | None = None
         self._raw: Any = None
         self._begin: Callable[[], Awaitable[None]] | None = None
+        if self._lease is not None:
+            self._raw = self._lease.driver
+            if driver is not None and driver.begins:
+                self._begin = self._lease.adapter._start_transaction
         self._later: list[Write] = []  # blind writes not sent yet (write_later)
         # Whether write_later may hold a write: not in a unit of work that also reads
         # through the ORM session (a fleet apply), whose statements do not come here.
@@ -200,10 +210,38 @@ class SessionStatements:
         self._dialect: str | None = None
 
     @property
+    def session(self) -> AsyncSession:
+        """The ORM session of this unit of work (on a lease: made now, if not yet)."""
+        if self._session is None:
+            assert self._lease is not None
+            self._session = self._lease.session_for()
+        return self._session
+
+    def _made_session(self) -> AsyncSession | None:
+        return self._lease.session if self._lease is not None else self._session
+
+    @property
+    def info(self) -> dict[Any, Any]:
+        """What this transaction notes about itself: its session's `info` (on a lease,
+        the lease's, which its session takes over once one is made)."""
+        if self._lease is not None:
+            return self._lease.info
+        assert self._session is not None
+        return self._session.info
+
+    def loaded(self) -> list[Any]:
+        """The ORM objects the session holds (none where no session was made)."""
+        session = self._made_session()
+        return [] if session is None else list(session.identity_map.values())
+
+    @property
     def dialect(self) -> str:
         """The session's dialect name ("postgresql", "sqlite"), asked once."""
         if self._dialect is None:
-            self._dialect = self.session.get_bind().dialect.name
+            if self._lease is not None:
+                self._dialect = self._lease.engine.dialect.name
+            else:
+                self._dialect = self.session.get_bind().dialect.name
         return self._dialect
 
     async def write_later(self, statement: UpdateBase, params: Mapping[str, Any]) -> None:
@@ -233,7 +271,11 @@ class SessionStatements:
         return _CARRIED.combine(statement, params, later)
 
     async def connection(self) -> AsyncConnection:
+        """The connection the plain path runs on: the session's, or the lease's."""
         if self._connection is None:
+            if self._lease is not None:
+                self._connection = self._lease.connection()
+                return self._connection
             self._connection = await self.session.connection()
             if self._driver is not None:
                 raw = await self._connection.get_raw_connection()
@@ -242,6 +284,20 @@ class SessionStatements:
                 if self._driver.begins:
                     self._begin = adapter._start_transaction
         return self._connection
+
+    async def _in_transaction(self) -> Any:
+        """The driver connection when the driver path may run on it (open, and inside
+        this unit of work's transaction: BEGIN is sent here first if need be), or None."""
+        if self._lease is None and self._connection is None:
+            await self.connection()
+        raw = self._raw
+        # A closed connection (asyncpg's is_in_transaction fails on one) takes the plain
+        # path, where SQLAlchemy sees the disconnect and invalidates it.
+        if raw is None or raw.is_closed():
+            return None
+        if self._begin is not None and not raw.is_in_transaction():
+            await self._began()
+        return raw if raw.is_in_transaction() else None
 
     async def _began(self) -> None:
         """BEGIN as SQLAlchemy's asyncpg adapter sends it before its first statement (its
@@ -271,23 +327,18 @@ class SessionStatements:
     ) -> Result[*TupleAny]:
         if self._later:
             await self.send_later()
-        session = self.session
-        conn = await self.connection()
-        raw = self._raw
+        raw = await self._in_transaction()
         compiled = None
-        # A closed connection (asyncpg's is_in_transaction fails on one) takes the plain
-        # path, where SQLAlchemy sees the disconnect and invalidates it.
-        begins = self._begin is not None and raw is not None
-        if begins and not raw.is_closed() and not raw.is_in_transaction():
-            await self._began()
-        if raw is not None and not raw.is_closed() and raw.is_in_transaction():
+        if raw is not None:
             assert self._driver is not None
             compiled = self._driver.get(statement, params or {})  # never an ORM one
         if compiled is None and is_orm(statement):
-            return await session.execute(statement, params)
-        if session.new or session.dirty or session.deleted:
+            return await self.session.execute(statement, params)
+        session = self._made_session()
+        if session is not None and (session.new or session.dirty or session.deleted):
             await session.flush()  # as the session's autoflush before it runs a statement
         if compiled is None:
+            conn = await self.connection()
             return await conn.execute(statement, dict(params) if params else None)
         sql, args = compiled.arguments(params or {})
         statement_sent()
@@ -306,8 +357,8 @@ class SessionStatements:
             return
         if self._later:
             await self.send_later()
-        session = self.session
-        if session.new or session.dirty or session.deleted:
+        session = self._made_session()
+        if session is not None and (session.new or session.dirty or session.deleted):
             await session.flush()
         await (await self.connection()).execute(statement, rows)
 

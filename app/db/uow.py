@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.engine import Database
+from app.db.lease import Lease
 from app.db.session_rows import SessionRows
 from app.db.session_statements import SessionStatements
 from app.events.cursor import Position
@@ -36,10 +37,12 @@ class UnitOfWork:
         self._db = db
         self._notify = notify
         self._events: list[PendingEvent] = []
-        self.session: AsyncSession
-        self.rows: SessionRows  # the inventory rows (app/db/inventory_rows.py) in `session`
-        # Core statements in `session`'s transaction (app/db/session_statements.py)
+        # The connection leased without a session (app/db/lease.py), where the fence
+        # allows; else None, and the session holds the connection.
+        self._lease: Lease | None = None
+        # Core statements in the transaction (app/db/session_statements.py)
         self.statements: SessionStatements
+        self._rows: SessionRows | None = None
         # A remembered caller's token and role (Capacity.token_checked), checked in this
         # transaction before it commits: by a statement of the write that carries the
         # check (`caller_params`, then `caller_seen`), else by one of its own.
@@ -50,6 +53,23 @@ class UnitOfWork:
     @property
     def dialect(self) -> str:
         return self._db.dialect
+
+    @property
+    def leased(self) -> bool:
+        """Whether this unit of work leased its connection (app/db/lease.py)."""
+        return self._lease is not None
+
+    @property
+    def session(self) -> AsyncSession:
+        """The ORM session in this transaction (on a lease, made on first use)."""
+        return self.statements.session
+
+    @property
+    def rows(self) -> SessionRows:
+        """The inventory rows (app/db/inventory_rows.py) in `session`."""
+        if self._rows is None:
+            self._rows = SessionRows(self.session)
+        return self._rows
 
     def emit(self, event: PendingEvent) -> None:
         """Queue an event, written at commit. Its pool must have been locked by this
@@ -82,9 +102,13 @@ class UnitOfWork:
         return isinstance(exc, DBAPIError) and exc.connection_invalidated and not self.committing
 
     async def __aenter__(self) -> UnitOfWork:
-        self.session = AsyncSession(self._db.writer, expire_on_commit=False)
-        self.rows = SessionRows(self.session)
-        self.statements = SessionStatements(self.session, self._db.driver)
+        driver = self._db.driver
+        if driver is not None and driver.leases:
+            self._lease = await Lease.checkout(self._db.writer)
+            self.statements = SessionStatements(self._lease, driver)
+        else:
+            session = AsyncSession(self._db.writer, expire_on_commit=False)
+            self.statements = SessionStatements(session, driver)
         return self
 
     async def __aexit__(
@@ -94,16 +118,17 @@ class UnitOfWork:
         tb: TracebackType | None,
     ) -> None:
         newest: Position | None = None
+        lease = self._lease
         try:
             if exc_type is None:
                 newest = await append_events(self.statements, self._events)
                 await self.statements.send_later()  # what no event carried
                 self.committing = True
-                await self.session.commit()
+                await (lease.commit() if lease is not None else self.session.commit())
             else:
-                await self.session.rollback()
+                await (lease.rollback() if lease is not None else self.session.rollback())
         finally:
-            await self.session.close()
+            await (lease.close() if lease is not None else self.session.close())
         if newest is not None and self._notify is not None:
             try:
                 await self._notify(newest)

@@ -73,16 +73,17 @@ def _current_tx_pg(element: CurrentTx, compiler: SQLCompiler, **kw: Any) -> str:
     return "pg_current_xact_id()::text::bigint"
 
 
-def note_pool_lock(session: AsyncSession, pool_id: str) -> None:
+def note_pool_lock(tx: AsyncSession | SessionStatements, pool_id: str) -> None:
     """The transaction holds `pool_id`'s row lock (FOR NO KEY UPDATE, as owner writes take
-    it), so it may write the pool's events."""
-    session.info.setdefault(_POOLS, set()).add(pool_id)
+    it), so it may write the pool's events. Noted in its `info` (a unit of work's
+    statements: no session made for it)."""
+    tx.info.setdefault(_POOLS, set()).add(pool_id)
 
 
-def note_pool_created(session: AsyncSession, pool_id: str) -> None:
+def note_pool_created(tx: AsyncSession | SessionStatements, pool_id: str) -> None:
     """The transaction inserts `pool_id`'s row: no one else can write its events before
     this commits, and whoever writes them next locks the row after that."""
-    session.info.setdefault(_POOLS, set()).add(pool_id)
+    tx.info.setdefault(_POOLS, set()).add(pool_id)
 
 
 async def lock_pool_for_events(session: AsyncSession, pool_id: str) -> bool:
@@ -177,8 +178,7 @@ async def append_events(
         return None
     if isinstance(statements, AsyncSession):
         statements = SessionStatements(statements, None)
-    session = statements.session
-    pools: set[str] = session.info.get(_POOLS, set())
+    pools: set[str] = statements.info.get(_POOLS, set())
     unlocked = sorted({e.pool_id for e in pending} - pools)
     if unlocked:
         log.error("events refused: pools %s were not locked by their transaction", unlocked)
@@ -194,7 +194,7 @@ async def append_events(
         }
         for item in pending
     ]
-    postgres = session.get_bind().dialect.name == "postgresql"
+    postgres = statements.dialect == "postgresql"
     if postgres:
         for row in rows:
             row["tx_pool"] = row["pool_id"]
@@ -210,7 +210,7 @@ async def append_events(
     found = (
         await statements.execute(inserted, rows[0])
         if len(rows) == 1
-        else await session.execute(inserted, rows)
+        else await statements.session.execute(inserted, rows)
     )
     positions = [Position(tx, seq) for tx, seq in found.all()]
     audience = [
@@ -222,7 +222,7 @@ async def append_events(
         seqs, tenants = zip(*audience, strict=True)
         await statements.execute(_AUDIENCE, {"seqs": list(seqs), "tenants": list(tenants)})
     elif audience:
-        await session.execute(
+        await statements.session.execute(
             insert(_AUDIENCE_TABLE),
             [{"seq": seq, "tenant_id": t} for seq, t in audience],
         )

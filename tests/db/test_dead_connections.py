@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import asyncpg
+import asyncpg.transaction
 import pytest
 from sqlalchemy import event, func, select
 from starlette.applications import Starlette
@@ -164,28 +166,29 @@ async def test_a_write_whose_connection_died_before_its_first_statement_runs_aga
 @POSTGRESQL
 @DIRECT
 async def test_a_write_whose_connection_died_at_commit_is_not_run_again(
-    app: Starlette, api: Api, fleet: Fleet
+    app: Starlette, api: Api, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Dead as COMMIT is sent: the server may have committed it (an answer lost on the
     way), so the write is not run again, whatever its statements were (a create runs on
-    the unit of work's driver statements): UNAVAILABLE, and here, where the connection
-    died before COMMIT reached the server, nothing was written."""
+    the unit of work's driver statements, on a leased connection: app/db/lease.py):
+    UNAVAILABLE, and here, where the connection died before COMMIT reached the server,
+    nothing was written. The connection dies in asyncpg's COMMIT, which every path sends."""
     token, _ = await _pool(api, fleet)
     site = await fleet.site("acme")
     db: Database = app.state.db
     before = await _pools(db)
     closed: list[int] = []
+    commit = asyncpg.transaction.Transaction.commit
 
-    def on_commit(connection: Any) -> None:
+    async def dying_commit(self: asyncpg.transaction.Transaction) -> None:
         if not closed:
-            connection.connection.driver_connection.terminate()
+            self._connection.terminate()
             closed.append(1)
+        await commit(self)
 
-    event.listen(db.writer.sync_engine, "commit", on_commit)
-    try:
-        response = await api.post(token, "pools/create", _create(site))
-    finally:
-        event.remove(db.writer.sync_engine, "commit", on_commit)
+    monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", dying_commit)
+    response = await api.post(token, "pools/create", _create(site))
+    monkeypatch.undo()
     assert closed == [1]
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "UNAVAILABLE"
