@@ -6,8 +6,11 @@ figures, docs/performance.md "Since 2990510").
 Needs PostgreSQL at 127.0.0.1:5432 (BENCH_POSTGRES_URL); a fresh database, dropped at the
 end. One task, no HTTP: `UnitOfWork` around k prepared `SELECT`s (k = 1 and 5) on the
 driver path, then asyncpg's own transaction around the same fetch and the bare fetch,
-then the unit of work's phases (session, connection checkout, BEGIN + statement, commit,
-close). Only this process's CPU is counted (time.process_time): PostgreSQL's is not.
+then the phases of a unit of work that holds a session (SQLite's, PgBouncer's; on
+PostgreSQL a unit of work leases its connection instead, app/db/lease.py: session,
+connection checkout, BEGIN + statement, commit, close), and the same unit of work
+made to hold its session. Only this process's CPU is counted (time.process_time):
+PostgreSQL's is not.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ async def run(n: int) -> None:
                 print(
                     f"UnitOfWork, {k} statement(s):         {_us(time.process_time() - started, n)}"
                 )
+            assert db.driver is not None and db.driver.leases, "a leased unit of work"
+            db.driver.leases = False  # the strategy of SQLite and PgBouncer, on the same pool
+            started = time.process_time()
+            for _ in range(n):
+                async with UnitOfWork(db) as uow:
+                    await uow.statements.execute(_READ, {"pool_key": "x"})
+            db.driver.leases = True
+            print(f"UnitOfWork holding a session, 1:     {_us(time.process_time() - started, n)}")
             raw = await asyncpg.connect(
                 make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
             )
@@ -94,7 +105,7 @@ async def run(n: int) -> None:
                     ("close", t5 - t4),
                 ):
                     phases[name] += spent
-            print("the unit of work's phases (1 statement):")
+            print("a session's phases (1 statement; a leased unit of work has none of them):")
             for name, spent in phases.items():
                 print(f"  {name:34s}{_us(spent, n)}")
             print(f"CPU of this process only; {n} repetitions each")
