@@ -1,9 +1,9 @@
 """A unit of work's pooled connection, checked out without SQLAlchemy's `Connection`
 (PostgreSQL on asyncpg, not behind PgBouncer): the second strategy of a unit of work.
 
-A session costs a unit of work about 200 µs of CPU beyond asyncpg's own BEGIN and COMMIT
-(bench/unit_of_work.py): the session, its transaction's state machine, a `Connection`,
-and a greenlet for each of checkout, commit and close. A write whose statements all take
+A session costs a unit of work CPU beyond asyncpg's own BEGIN and COMMIT
+(`python -m bench.unit_of_work` prints both strategies): the session, its transaction's
+state machine, a `Connection` and its transaction. A write whose statements all take
 the driver path (app/db/session_statements.py) needs none of it: the lease checks a
 connection out of the same pool (its checkout events, its limits, its invalidation), the
 driver sends BEGIN through SQLAlchemy's own adapter (`_start_transaction`, so the adapter

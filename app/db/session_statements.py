@@ -212,9 +212,9 @@ class SessionStatements:
     @property
     def session(self) -> AsyncSession:
         """The ORM session of this unit of work (on a lease: made now, if not yet)."""
-        if self._session is None:
-            assert self._lease is not None
-            self._session = self._lease.session_for()
+        if self._lease is not None:
+            return self._lease.session_for()
+        assert self._session is not None
         return self._session
 
     def _made_session(self) -> AsyncSession | None:
