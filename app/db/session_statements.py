@@ -32,7 +32,7 @@ from typing import Any, Final, TypeVarTuple, overload
 
 from sqlalchemy.engine import Dialect, Result
 from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InvalidRequestError
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql import Select
@@ -70,6 +70,12 @@ class DriverStatement:
     binds: Mapping[str, _Processor]
     keys: tuple[str, ...]
     results: tuple[_Processor, ...] | None
+    # Each positional parameter's source, read off the compiled binds once (`_plan`);
+    # None: SQLAlchemy's `construct_params` builds them per call.
+    plan: tuple[_Argument, ...] | None = None
+    # Its rows' keys as SQLAlchemy's Result takes them, made once (read-only, shared by
+    # every result, as SQLAlchemy shares a cursor result's across executions).
+    metadata: SimpleResultMetaData | None = None
 
     def arguments(self, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         if self.expanding:  # an IN list: its text depends on the number of values
@@ -83,6 +89,8 @@ class DriverStatement:
                 p(values[n]) if (p := processors.get(n)) is not None else values[n]
                 for n in state.positiontup or ()
             )
+        if self.plan is not None:
+            return self.sql, tuple(_argument(a, params) for a in self.plan)
         values = self.compiled.construct_params(dict(params))
         binds = self.binds
         return self.sql, tuple(
@@ -100,6 +108,53 @@ class DriverStatement:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Argument:
+    """Where one positional parameter comes from: the caller's `key` (or its compiled
+    `name`), else the bind's own value; and its type's processor."""
+
+    key: str
+    name: str
+    required: bool
+    value: Any
+    processor: _Processor
+
+
+def _argument(a: _Argument, params: Mapping[str, Any]) -> Any:
+    # As construct_params looks a bind up: by its key, then by its compiled name.
+    if a.key in params:
+        value = params[a.key]
+    elif a.name in params:
+        value = params[a.name]
+    elif a.required:
+        raise InvalidRequestError(f"A value is required for bind parameter {a.key!r}", code="cd3x")
+    else:
+        value = a.value
+    return value if a.processor is None else a.processor(value)
+
+
+def _plan(
+    compiled: SQLCompiler, names: tuple[str, ...], binds: Mapping[str, _Processor]
+) -> tuple[_Argument, ...] | None:
+    """The positional parameters' sources, for a statement whose binds are all plain: a
+    bind whose value is computed per call, an escaped name or one rendered into the text
+    at execution keeps SQLAlchemy's `construct_params` (tested alike,
+    tests/db/test_session_statements.py)."""
+    if compiled.escaped_bind_names or compiled.literal_execute_params:
+        return None
+    if compiled.post_compile_params or getattr(compiled, "_collected_params", None):
+        return None  # (the latter: values a statement carries from `.params()`)
+    # As construct_params reads them: the last bind of each name gives its value.
+    by_name = {name: bind for bind, name in compiled.bind_names.items()}
+    plan = []
+    for name in names:
+        bind = by_name[name]
+        if bind.callable is not None or bind.expanding:
+            return None
+        plan.append(_Argument(bind.key, name, bind.required, bind.value, binds.get(name)))
+    return tuple(plan)
+
+
 def is_orm(statement: Executable) -> bool:
     """A statement only the session runs: a SELECT of entities (its rows are objects of
     the identity map), or an ORM INSERT, UPDATE or DELETE (it keeps the identity map in
@@ -115,7 +170,11 @@ def is_orm(statement: Executable) -> bool:
 
 
 def compile_for_driver(
-    statement: Executable, dialect: Dialect, column_keys: tuple[str, ...] | None = None
+    statement: Executable,
+    dialect: Dialect,
+    column_keys: tuple[str, ...] | None = None,
+    *,
+    planned: bool = True,
 ) -> DriverStatement | None:
     """`statement` as the driver runs it, or None when this path cannot (an ORM statement:
     its rows are entities, built by the session). An INSERT or UPDATE writes the columns
@@ -135,15 +194,19 @@ def compile_for_driver(
     columns = list(getattr(statement, "exported_columns", ()))
     results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
     keys = tuple(getattr(statement, "exported_columns", {}).keys())
+    names = tuple(compiled.positiontup or ())
+    expanding = any(b.expanding for b in compiled.binds.values())
     return DriverStatement(
         statement=statement,
         compiled=compiled,
         sql=str(compiled),
-        names=tuple(compiled.positiontup or ()),
-        expanding=any(b.expanding for b in compiled.binds.values()),
+        names=names,
+        expanding=expanding,
         binds=binds,
         keys=keys,
         results=results if any(p is not None for p in results) else None,
+        plan=None if expanding or not planned else _plan(compiled, names, binds),
+        metadata=SimpleResultMetaData(keys),
     )
 
 
@@ -347,7 +410,8 @@ class SessionStatements:
                 records = await raw.fetch(sql, *args)
         except Exception as exc:
             raise _adapted(exc, sql) from exc
-        return IteratorResult(SimpleResultMetaData(compiled.keys), iter(compiled.rows(records)))
+        metadata = compiled.metadata or SimpleResultMetaData(compiled.keys)
+        return IteratorResult(metadata, iter(compiled.rows(records)))
 
     async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
         """`statement` once per row, as one executemany on the plain path; a single row

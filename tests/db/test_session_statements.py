@@ -4,6 +4,8 @@ with the same rows, the same transaction and the same errors on both."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -239,3 +241,77 @@ async def test_a_write_begins_on_the_driver_or_leaves_begin_to_the_plain_path(
             assert (await conn.execute(_NAMED, {"tenant": "acme"})).one().parent_id is None
     finally:
         await db.dispose()
+
+
+_PLANNED_CASES: list[tuple[Any, dict[str, Any]]] = [
+    (_NAMED, {"tenant": "acme"}),
+    # an anonymous bind's own value, a named bind used twice, a bind with a default
+    (
+        select(_TENANTS.c.id).where(
+            _TENANTS.c.id == bindparam("tenant"),
+            _TENANTS.c.parent_id.is_distinct_from(bindparam("tenant")),
+            _TENANTS.c.parent_id != "x",
+            _TENANTS.c.id != bindparam("other", "zeta"),
+        ),
+        {"tenant": "acme"},
+    ),
+    (select(_TENANTS.c.id).where(_TENANTS.c.id != bindparam("other", "zeta")), {"other": "y"}),
+    (_LABEL_AMONG, {"labels": {"n": "1"}, "ids": ["a", "b"]}),  # an IN list: not planned
+    # a JSONB value, processed by its type
+    (
+        update(Pool.__table__)
+        .where(Pool.__table__.c.id == bindparam("pool"))
+        .values(labels=bindparam("labels")),
+        {"pool": "a", "labels": {"n": "1"}},
+    ),
+    (_RENAME.values(parent_id=bindparam("parent")), {"tenant": "acme", "parent": "A"}),
+]
+
+
+@pytest.mark.parametrize("n", range(len(_PLANNED_CASES)))
+def test_the_argument_plan_sends_what_construct_params_sends(n: int) -> None:
+    """The positional arguments read off the compiled binds once are those SQLAlchemy's
+    construct_params builds per call (the type processors applied alike)."""
+    from sqlalchemy.dialects import postgresql
+
+    from app.db.session_statements import compile_for_driver
+
+    statement, params = _PLANNED_CASES[n]
+    dialect = postgresql.asyncpg.dialect()  # type: ignore[attr-defined]
+    keys = tuple(sorted(params)) if isinstance(statement, type(_RENAME)) else None
+    planned = compile_for_driver(statement, dialect, keys)
+    plain = compile_for_driver(statement, dialect, keys, planned=False)
+    assert planned is not None and plain is not None
+    assert plain.plan is None
+    assert (planned.plan is not None) == (not planned.expanding)
+    assert planned.arguments(params) == plain.arguments(params)
+    if planned.plan is not None:  # a required value left out is refused alike
+        required = [a.key for a in planned.plan if a.required]
+        missing = {k: v for k, v in params.items() if k != (required or [None])[0]}
+        if required:
+            with pytest.raises(Exception) as on_plan:
+                planned.arguments(missing)
+            with pytest.raises(Exception) as on_plain:
+                plain.arguments(missing)
+            assert str(on_plan.value) == str(on_plain.value)
+
+
+def test_a_bind_computed_per_call_keeps_construct_params() -> None:
+    from itertools import count
+
+    from sqlalchemy.dialects import postgresql
+
+    from app.db.session_statements import compile_for_driver
+
+    numbers = count()
+    statement = select(_TENANTS.c.id).where(
+        _TENANTS.c.parent_id == bindparam("n", callable_=lambda: str(next(numbers)))
+    )
+    made = compile_for_driver(statement, postgresql.asyncpg.dialect())  # type: ignore[attr-defined]
+    assert made is not None and made.plan is None
+    assert [made.arguments({})[1] for _ in range(2)] == [("0",), ("1",)]
+    # values carried by the statement itself (`.params()`) are construct_params' too
+    carried = select(_TENANTS.c.id).where(_TENANTS.c.id == bindparam("t")).params(t="acme")
+    made = compile_for_driver(carried, postgresql.asyncpg.dialect())  # type: ignore[attr-defined]
+    assert made is not None and made.plan is None
+    assert made.arguments({})[1] == ("acme",)
