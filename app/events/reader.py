@@ -14,7 +14,6 @@ complete: nothing can still appear below what was read
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +22,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    Select,
     bindparam,
     delete,
     exists,
@@ -222,6 +222,68 @@ async def committed_above_horizon(executor: Executor) -> bool:
     return bool((await executor.execute(_PENDING)).scalar_one())
 
 
+def _after(prefix: str) -> ColumnElement[bool]:
+    """Positions after one bound per call as (`<prefix>_tx`, `<prefix>_seq`)."""
+    bound = tuple_(
+        bindparam(f"{prefix}_tx", type_=BigInteger()),
+        bindparam(f"{prefix}_seq", type_=BigInteger()),
+    )
+    return _position() > bound
+
+
+def _bound(prefix: str, position: Position) -> dict[str, int]:
+    return {f"{prefix}_tx": position.tx, f"{prefix}_seq": position.seq}
+
+
+def _with_audiences(events: Select[Any], tenants: Collection[str] | None) -> Select[Any]:
+    """`events` (rows of the events table in position order, limited) with each event's
+    audience beside it, one row per tenant (an event with none: one row, NULL), in the
+    same statement: the limit counts events, not audience rows. With `tenants`, only
+    those tenants of each audience."""
+    e = events.subquery("e")
+    on = EventAudience.seq == e.c.seq
+    if tenants is not None:
+        on = on & EventAudience.tenant_id.in_(bindparam("tenants", expanding=True))
+    return (
+        select(e, EventAudience.tenant_id.label("audience_tenant"))
+        .select_from(e.outerjoin(EventAudience, on))
+        .order_by(e.c.tx, e.c.seq)
+    )
+
+
+def _in_order(query: Select[Any]) -> Select[Any]:
+    return query.order_by(Event.tx, Event.seq).limit(bindparam("limit", type_=BigInteger()))
+
+
+def _uncovered(ahead: bool) -> ColumnElement[bool]:
+    """Positions after the state's settled one and not among those it delivered ahead."""
+    uncovered = _after("settled")
+    if ahead:
+        uncovered = uncovered & Event.seq.not_in(bindparam("ahead", expanding=True))
+    return uncovered
+
+
+# The relay's reads, built once (a state with events delivered ahead of its settled
+# position, or without); their parameters bound per call (`_uncovered_params`).
+_READ_UNCOVERED = {
+    ahead: _with_audiences(
+        _in_order(
+            select(Event.__table__, Horizon().label("read_horizon")).where(_uncovered(ahead))
+        ),
+        None,
+    )
+    for ahead in (False, True)
+}
+_HORIZON_AND_UNCOVERED = select(Horizon(), exists().where(_uncovered(True)))
+
+
+def _uncovered_params(state: DeliveryState) -> dict[str, Any]:
+    params: dict[str, Any] = _bound("settled", state.settled)
+    if state.ahead:
+        params["ahead"] = [d.seq for d in state.ahead]
+    return params
+
+
 async def read_events(
     executor: Executor,
     after: Position | int,
@@ -237,16 +299,13 @@ async def read_events(
     With `tenants`, only events whose audience holds one of them, and `audience` holds
     only those tenants; `pool_id` and `types` narrow further.
     """
-    query = (
-        select(Event.__table__)
-        .where(_position() > _at(as_position(after)), _VISIBLE)
-        .order_by(Event.tx, Event.seq)
-        .limit(limit)
-    )
+    query = select(Event.__table__).where(_after("after"), _VISIBLE)
+    params: dict[str, Any] = {**_bound("after", as_position(after)), "limit": limit}
     if upto is not None:
-        query = query.where(_position() <= _at(upto))
-    rows = (await executor.execute(_narrowed(query, tenants, pool_id, types))).all()
-    return await _events(executor, rows, tenants)
+        query = query.where(~_after("upto"))
+        params.update(_bound("upto", upto))
+    query, narrowed = _narrowed(query, tenants, pool_id, types)
+    return await _events(executor, _with_audiences(_in_order(query), tenants), params | narrowed)
 
 
 async def read_uncovered(
@@ -261,24 +320,18 @@ async def read_uncovered(
     snapshot than the read's could pass an event that committed between the two (seen:
     the two-process test lost events so). If one is visible now, the horizon given is 0
     (nothing settles; the next read takes it)."""
-    uncovered = _position() > _at(state.settled)
-    if state.ahead:
-        uncovered = uncovered & Event.seq.not_in([d.seq for d in state.ahead])
-    query = (
-        select(Event.__table__, Horizon().label("read_horizon"))
-        .where(uncovered)
-        .order_by(Event.tx, Event.seq)
-        .limit(limit)
-    )
-    rows = (await executor.execute(query)).all()
+    params = _uncovered_params(state)
+    rows = (
+        await executor.execute(_READ_UNCOVERED[bool(state.ahead)], params | {"limit": limit})
+    ).all()
     if rows:
         horizon = int(rows[0].read_horizon)
     elif state.ahead:
-        row = (await executor.execute(select(Horizon(), exists().where(uncovered)))).one()
+        row = (await executor.execute(_HORIZON_AND_UNCOVERED, params)).one()
         horizon = 0 if row[1] else int(row[0])
     else:
         horizon = 0  # nothing read, nothing to settle
-    return await _events(executor, rows, None), horizon
+    return _grouped(rows), horizon
 
 
 async def read_between(
@@ -294,45 +347,59 @@ async def read_between(
     """The events `target` covers and `state` does not, in position order, at most `limit`
     (a replay behind the relay: every one of them is committed, as the relay read it).
     Filtered as `read_events` is."""
-    settled = _position() <= _at(target.settled)
+    settled = ~_after("target")
     if target.ahead:
-        settled = settled | Event.seq.in_([d.seq for d in target.ahead])
-    query = (
-        select(Event.__table__)
-        .where(_position() > _at(state.settled), settled)
-        .order_by(Event.tx, Event.seq)
-        .limit(limit)
-    )
-    if state.ahead:
-        query = query.where(Event.seq.not_in([d.seq for d in state.ahead]))
-    return await _events(
-        executor, (await executor.execute(_narrowed(query, tenants, pool_id, types))).all(), tenants
-    )
+        settled = settled | Event.seq.in_(bindparam("target_ahead", expanding=True))
+    query = select(Event.__table__).where(_uncovered(bool(state.ahead)), settled)
+    params = _uncovered_params(state) | _bound("target", target.settled) | {"limit": limit}
+    if target.ahead:
+        params["target_ahead"] = [d.seq for d in target.ahead]
+    query, narrowed = _narrowed(query, tenants, pool_id, types)
+    return await _events(executor, _with_audiences(_in_order(query), tenants), params | narrowed)
 
 
 def _narrowed(
-    query: Any,
+    query: Select[Any],
     tenants: Collection[str] | None,
     pool_id: str | None,
     types: Collection[str] | None,
-) -> Any:
+) -> tuple[Select[Any], dict[str, Any]]:
+    params: dict[str, Any] = {}
     if pool_id is not None:
-        query = query.where(Event.pool_id == pool_id)
+        query = query.where(Event.pool_id == bindparam("pool_id"))
+        params["pool_id"] = pool_id
     if types is not None:
-        query = query.where(Event.type.in_(list(types)))
+        query = query.where(Event.type.in_(bindparam("types", expanding=True)))
+        params["types"] = list(types)
     if tenants is not None:
         query = query.where(
-            exists().where(EventAudience.seq == Event.seq, EventAudience.tenant_id.in_(tenants))
+            exists().where(
+                EventAudience.seq == Event.seq,
+                EventAudience.tenant_id.in_(bindparam("tenants", expanding=True)),
+            )
         )
-    return query
+        params["tenants"] = list(tenants)
+    return query, params
 
 
 async def _events(
-    executor: Executor, rows: Sequence[Any], tenants: Collection[str] | None
+    executor: Executor, query: Select[Any], params: dict[str, Any]
 ) -> list[OutboxEvent]:
-    if not rows:
-        return []
-    audiences = await _audiences(executor, [r.seq for r in rows], tenants)
+    return _grouped((await executor.execute(query, params)).all())
+
+
+def _grouped(rows: Sequence[Any]) -> list[OutboxEvent]:
+    """The events of rows read with `_with_audiences`: an event's rows are adjacent (in
+    position order), one per tenant of its audience."""
+    audiences: dict[int, list[str]] = {}
+    firsts: list[Any] = []
+    for r in rows:
+        tenants = audiences.get(r.seq)
+        if tenants is None:
+            audiences[r.seq] = tenants = []
+            firsts.append(r)
+        if r.audience_tenant is not None:
+            tenants.append(r.audience_tenant)
     return [
         OutboxEvent(
             seq=r.seq,
@@ -341,26 +408,11 @@ async def _events(
             tenant_id=r.tenant_id,
             occurred_at=r.occurred_at,
             data=dict(r.data),
-            audience=frozenset(audiences.get(r.seq, ())),
+            audience=frozenset(audiences[r.seq]),
             tx=r.tx,
         )
-        for r in rows
+        for r in firsts
     ]
-
-
-async def _audiences(
-    executor: Executor, seqs: list[int], tenants: Collection[str] | None
-) -> dict[int, list[str]]:
-    # seq is the audience's key; in position order seqs are not a range, so name them.
-    query = select(EventAudience.seq, EventAudience.tenant_id).where(
-        EventAudience.seq.in_(bindparam("seqs", seqs, expanding=True))
-    )
-    if tenants is not None:
-        query = query.where(EventAudience.tenant_id.in_(tenants))
-    found: dict[int, list[str]] = defaultdict(list)
-    for seq, tenant_id in (await executor.execute(query)).all():
-        found[seq].append(tenant_id)
-    return found
 
 
 async def prune_events(executor: Executor, older_than: datetime, limit: int | None = None) -> int:
