@@ -42,6 +42,7 @@ from app.capacity.projection import (
     remove_authz_rows,
     removing_authz_rows,
 )
+from app.capacity.reads import quota_view
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.engine import Executor
@@ -227,6 +228,7 @@ _OFFER_FACTS = select(
     .scalar_subquery()
     .label("include_descendants"),
     select(_OFFERS.c.priority).where(_AT_OFFER).scalar_subquery().label("priority"),
+    select(_OFFERS.c.created_at).where(_AT_OFFER).scalar_subquery().label("created_at"),
     select(func.count())
     .select_from(_OFFERS)
     .where(_OFFERS.c.pool_id == bindparam("pool_key"))
@@ -337,13 +339,6 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         inp.include_descendants,
         inp.priority,
     )
-    if offer is None:
-        await statements.execute(
-            _ADD_OFFER,
-            {"pool_id": pool.id, "tenant_id": inp.to_tenant_id, **flags, "created_at": utcnow()},
-        )
-    elif flags_moved:
-        await statements.execute(_SET_OFFER, {**at, **flags})
     added: list[dict[str, Any]] = []
     resized: list[dict[str, Any]] = []
     for resource, maximum in inp.quota.items():
@@ -363,10 +358,35 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
             after_quota[resource] = max(maximum, row.used)  # never below what is in use
             if after_quota[resource] != row.max:
                 resized.append({**at, "key": resource, "set_max": after_quota[resource]})
+    # A resize that adds no row knows every row the tenant then holds: those it locked, in
+    # their order, at their new maxima. It answers from them (reads.quota_view), so nothing
+    # reads the offer's and rows' writes, and they ride in the event's INSERT (blind
+    # writes). Rows added come back in the database's order: written now and read back.
+    known = None
+    if offer is not None and not added and inp.to_tenant_id != pool.tenant_id:
+        terms = (inp.include_descendants, inp.priority, offer.created_at)
+        known = tuple(
+            quota_view(pool.id, inp.to_tenant_id, (r, after_quota[r], row.used), terms)
+            for r, row in rows.items()
+        )
+    if offer is None:
+        await statements.execute(
+            _ADD_OFFER,
+            {"pool_id": pool.id, "tenant_id": inp.to_tenant_id, **flags, "created_at": utcnow()},
+        )
+    elif flags_moved:
+        if known is None:
+            await statements.execute(_SET_OFFER, {**at, **flags})
+        else:
+            await statements.write_later(_SET_OFFER, {**at, **flags})
     if added:
         await statements.execute_many(_ADD_QUOTA, added)
     if resized:
-        await statements.execute_many(_SET_QUOTA, resized)
+        if known is None:
+            await statements.execute_many(_SET_QUOTA, resized)
+        else:
+            for one in resized:
+                await statements.write_later(_SET_QUOTA, one)
         new_max = {r["key"]: r["set_max"] for r in resized}
         sync_loaded(
             statements,
@@ -395,7 +415,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
         detail = await owned_pool_detail(statements, principal, shown)
     else:
         detail = await offered_pool_detail(
-            statements, principal, shown, inp.to_tenant_id, authz_row
+            statements, principal, shown, inp.to_tenant_id, authz_row, known
         )
     if offer is None or offer.include_descendants != inp.include_descendants:
         await put_authz_row(

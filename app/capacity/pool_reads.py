@@ -148,12 +148,18 @@ async def offered_pool_detail(
     pool: StoredPool,
     tenant_id: str,
     authz_row: dict[str, Any],
+    quotas: tuple[QuotaView, ...] | None = None,
 ) -> PoolDetail:
     """`pool_detail` of a pool just offered to `tenant_id`, as that tenant sees it: the
     view granted by the tenant's own authz row (reads.seen_through_own_row, as the offer
-    wrote or kept it), its parts read as any view's (its own quota rows: one statement)."""
+    wrote or kept it), its parts read as any view's (its own quota rows: one statement),
+    or `quotas`, the tenant's own rows when the offer wrote them all (as `quotas_of` reads
+    them: reads.quota_view)."""
     view = seen_through_own_row(principal, pool, tenant_id, authz_row)
-    (detail,) = await read_parts(executor, principal, [view], DETAIL_PARTS)
+    # Its own row grants it (seen_through_own_row), so its own rows are the ones it sees.
+    own = quotas is not None and view.grant.tenant_id == tenant_id
+    known = {view.id: quotas} if own and quotas is not None else None
+    (detail,) = await read_parts(executor, principal, [view], DETAIL_PARTS, quotas=known)
     return detail
 
 

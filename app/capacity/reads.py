@@ -9,6 +9,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import Column, Row, Select, bindparam, exists, select
@@ -320,13 +321,27 @@ async def quotas_of(
     rows = await executor.execute(_QUOTAS_OF, {"tenant_id": tenant_id, "pool_ids": list(pool_ids)})
     found: dict[str, list[QuotaView]] = defaultdict(list)
     for r in rows:
-        grant = (
-            None
-            if r.offer_tenant is None
-            else GrantView(None, tenant_id, r.include_descendants, r.priority, r.created_at)
+        offer = (
+            None if r.offer_tenant is None else (r.include_descendants, r.priority, r.created_at)
         )
-        found[r.pool_id].append(QuotaView(r.resource, r.max, r.used, r.pool_id, grant))
+        found[r.pool_id].append(
+            quota_view(r.pool_id, tenant_id, (r.resource, r.max, r.used), offer)
+        )
     return {pool_id: tuple(found.get(pool_id, ())) for pool_id in pool_ids}
+
+
+QuotaRowValues = tuple[str, int, int]  # resource, max, used
+OfferValues = tuple[bool, int, datetime]  # include_descendants, priority, created_at
+
+
+def quota_view(
+    pool_id: str, tenant_id: str, row: QuotaRowValues, offer: OfferValues | None
+) -> QuotaView:
+    """One of `tenant_id`'s quota rows as the tenant books against it, with its offer on
+    the pool as its grant: as `quotas_of` reads them, and as an offer's resize answers
+    from the rows it wrote (offers.offer_pool)."""
+    grant = None if offer is None else GrantView(None, tenant_id, *offer)
+    return QuotaView(*row, pool_id, grant)
 
 
 async def effective_quotas(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.rest.scene import Scene, quotas
 from tests.support import Api, Fleet
 
 Json = dict[str, Any]
@@ -45,3 +46,32 @@ async def test_a_writes_answer_is_what_get_shows(api: Api, fleet: Fleet, role: s
     if role == "admin":  # an operator may not archive
         archived = await answered("pools/archive", at, token)
         assert archived["archived"] is True
+
+
+async def test_an_offers_answer_is_what_get_shows_the_offered_tenant(
+    api: Api, fleet: Fleet
+) -> None:
+    """An offer answers the pool as the offered tenant sees it: a resize that adds no row
+    answers from the rows it locked (offers.offer_pool, its writes carried by its event),
+    one that adds rows reads them back; each answer is what that tenant's `get` shows
+    right after, its quota rows in the database's order (mixed-case names, a row in use,
+    a row the resize leaves alone, the offer's flags moved and kept)."""
+    s = await Scene.start(api, fleet)
+    guest = await s.guest("guest")
+    pool = await s.pool()
+    await fleet.node(pool["id"], 4)
+
+    async def offered(quota: dict[str, int], **flags: Any) -> Json:
+        answer = await s.offer(pool["id"], "guest", quota, **flags)
+        assert answer == await s.get(pool["id"], guest, "guest"), (quota, flags)
+        return answer
+
+    await offered({"gpu": 3, "Zeta": 2, "cpu": 8, "a.b": 1, "A-b": 1})
+    await s.reserve(pool["id"], {"gpu": 2}, guest, "guest")
+    resized = await offered({"gpu": 1})  # never below what is in use
+    assert quotas(resized)["gpu"] == (2, 2)
+    resized = await offered({"cpu": 4, "Zeta": 5}, priority=7)  # flags moved
+    assert [q["grant"]["priority"] for q in resized["quotas"]] == [7] * 5
+    await offered({"cpu": 4}, priority=7, includeDescendants=True)  # nothing resized
+    grown = await offered({"cpu": 6, "nvme": 2, "B": 1})  # rows added: read back
+    assert len(grown["quotas"]) == 7
