@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import Any
 
-from sqlalchemy import String, Table, and_, bindparam, select
+from sqlalchemy import Row, Select, String, Table, and_, bindparam, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.read_rules import caller_live
 from app.capacity.reads import (
     Actor,
+    OfferQuota,
     load_lineage,
+    offers_of_pool,
     pool_not_found,
 )
 from app.capacity.views import PoolView, StoredPool
@@ -116,10 +119,54 @@ async def lock_owned_pool_row(
     returns the pool as its owner sees it: pool_reads.owned_pool_detail); a pool missing
     or not the tenant's is refused as before, NOT_FOUND on tenantId first for a tenant
     that does not exist."""
+    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_ROW)
+    return await _owned_row(uow, principal, tenant_id, pool_id, method, found[0] if found else None)
+
+
+async def lock_owned_pool_with_offers(
+    uow: UnitOfWork, principal: Principal, tenant_id: str, pool_id: str, method: Method
+) -> tuple[LockedPool, list[OfferQuota] | None]:
+    """`lock_owned_pool_row` with the pool's offers and their quota rows
+    (reads.offers_of_pool) read in the same statement: for a write that reads them
+    whatever it does (an update). None for them when the pool's row moved while the lock
+    was awaited: PostgreSQL re-reads only the locked row once it is granted, so the offers
+    beside it are of the statement's snapshot, older than the lock, and the caller reads
+    them again (every write that changes offers moves the pool's version under its lock)."""
+    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_WITH_OFFERS)
+    first = found[0] if found else None
+    pool = await _owned_row(uow, principal, tenant_id, pool_id, method, first)
+    if first is None or first.seen_version != pool.version:
+        return pool, None
+    return pool, [
+        OfferQuota(*(getattr(r, f"offer_{name}") for name in OfferQuota._fields))
+        for r in found
+        if r.offer_tenant_id is not None
+    ]
+
+
+async def _lock_rows(
+    uow: UnitOfWork,
+    principal: Principal,
+    tenant_id: str,
+    pool_id: str,
+    method: Method,
+    statement: Select[Any],
+) -> Sequence[Row[Any]]:
     assert method.resource_type == "compute-pool"
     decide_acting_for(principal, tenant_id)
     params = {"pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
-    found = (await uow.statements.execute(_LOCK_OWNED_ROW, params)).one_or_none()
+    found: Sequence[Row[Any]] = (await uow.statements.execute(statement, params)).all()
+    return found
+
+
+async def _owned_row(
+    uow: UnitOfWork,
+    principal: Principal,
+    tenant_id: str,
+    pool_id: str,
+    method: Method,
+    found: Row[Any] | None,
+) -> LockedPool:
     if found is None or found.tenant_id != tenant_id:
         await load_lineage(uow.statements, tenant_id)  # NOT_FOUND for an unknown tenant
         raise pool_not_found(pool_id)
@@ -191,6 +238,22 @@ _LOCK_OWNED_ROW = (
     )
     .where(_POOLS.c.id == bindparam("pool_id"))
     .with_for_update(key_share=True, of=_POOLS)
+)
+# The same, with the pool's offers and their quota rows outer-joined (one row per offer's
+# quota row, or one with none) and the pool's version as the statement's snapshot holds
+# it (`seen_version`: the locked row's own columns are re-read once the lock is granted).
+_OFFER_ROWS, _OFFER_ROWS_ORDER = offers_of_pool(bindparam("pool_id"))
+_SEEN = _POOLS.alias("seen")
+_LOCK_OWNED_WITH_OFFERS = (
+    _LOCK_OWNED_ROW.add_columns(
+        select(_SEEN.c.version)
+        .where(_SEEN.c.id == bindparam("pool_id"))
+        .scalar_subquery()
+        .label("seen_version"),
+        *(c.label(f"offer_{c.key}") for c in _OFFER_ROWS.c),
+    )
+    .outerjoin(_OFFER_ROWS, true())
+    .order_by(*_OFFER_ROWS_ORDER)
 )
 
 

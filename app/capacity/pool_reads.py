@@ -23,9 +23,11 @@ from app.capacity.lending import lent_capacity
 from app.capacity.paging import Page, PageRequest
 from app.capacity.reads import (
     Actor,
+    OfferQuota,
     effective_quotas,
     offers_and_own_quotas,
     offers_of,
+    owned_parts_of,
     owned_pool_view,
     reservations_pages,
     seen_through_own_row,
@@ -116,14 +118,20 @@ OwnedParts = tuple[tuple[OfferView, ...], tuple[QuotaView, ...]]
 
 
 async def owned_parts(
-    executor: Executor, principal: Principal, pool: StoredPool
+    executor: Executor,
+    principal: Principal,
+    pool: StoredPool,
+    rows: Sequence[OfferQuota] | None = None,
 ) -> OwnedParts | None:
     """An owned pool's offers and its owner's quota rows in one statement
-    (reads.offers_and_own_quotas), for a caller that reads the offers; None for one that
-    does not (its answer reads the quota rows alone). What a write that changes neither
-    reads first, for its own rules and its answer."""
+    (reads.offers_and_own_quotas), or from `rows` when the write read them with its lock
+    (access.lock_owned_pool_with_offers), for a caller that reads the offers; None for one
+    that does not (its answer reads the quota rows alone). What a write that changes
+    neither reads first, for its own rules and its answer."""
     if offers_denied(principal, owned_pool_view(pool)) is not None:
         return None
+    if rows is not None:
+        return owned_parts_of(pool, rows)
     return await offers_and_own_quotas(executor, pool)
 
 

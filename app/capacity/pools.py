@@ -16,6 +16,7 @@ from app.capacity.access import (
     decide_actor,
     lock_owned_pool,
     lock_owned_pool_row,
+    lock_owned_pool_with_offers,
     resolve_actor,
 )
 from app.capacity.changes import Change, change, label_changes, policy_changes
@@ -336,7 +337,11 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
     session = uow.session
-    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, UPDATE_POOL)
+    # The offers come with the lock (one statement less), unless the pool moved while the
+    # lock was awaited: then they are read now, under it.
+    pool, offer_quotas = await lock_owned_pool_with_offers(
+        uow, principal, inp.tenant_id, inp.pool_id, UPDATE_POOL
+    )
     check_version(pool, inp.version)
     if inp.gpu_model is not None:
         # A narrowed binding may only leave the pool where it could then manage it (as
@@ -347,8 +352,14 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
         raise InvalidState(f"pool {pool.id} is archived", field="poolId")
     # The offers (with the owner's quota rows, for the answer: an update changes neither),
     # or, for a caller that may not read them, the offers alone for the rules and event.
-    parts = await owned_parts(uow.statements, principal, pool)
-    offers = parts[0] if parts is not None else await offer_rows(uow.statements, pool.id)
+    parts = await owned_parts(uow.statements, principal, pool, offer_quotas)
+    offers: Sequence[Any]
+    if parts is not None:
+        offers = parts[0]
+    elif offer_quotas is not None:
+        offers = owned_parts_of(pool, offer_quotas)[0]
+    else:
+        offers = await offer_rows(uow.statements, pool.id)
     changed: list[str] = []
     changes: list[Change] = []
     written: dict[str, Any] = {}

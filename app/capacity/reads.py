@@ -10,9 +10,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
-from sqlalchemy import Column, Row, Select, bindparam, exists, select
+from sqlalchemy import Column, Row, Select, Subquery, bindparam, exists, select
 
 from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
@@ -377,21 +377,37 @@ async def capacity_of(
 
 
 # Every offer of some pools with its quota rows (outer-joined), in offer order; built once.
-_OFFERS_OF = (
-    select(
-        Offer.pool_id,
-        Offer.tenant_id,
-        Offer.include_descendants,
-        Offer.priority,
-        Offer.created_at,
-        QuotaRow.resource,
-        QuotaRow.max,
-        QuotaRow.used,
-    )
-    .select_from(Offer.__table__.outerjoin(QuotaRow.__table__, quota_offer()))
-    .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
-    .order_by(Offer.pool_id, *_ORDER["offers"], *OFFER.relation("quotas").order)
+_OFFER_QUOTA_COLUMNS = (
+    Offer.pool_id,
+    Offer.tenant_id,
+    Offer.include_descendants,
+    Offer.priority,
+    Offer.created_at,
+    QuotaRow.resource,
+    QuotaRow.max,
+    QuotaRow.used,
 )
+_OFFER_QUOTA_ORDER = (Offer.pool_id, *_ORDER["offers"], *OFFER.relation("quotas").order)
+_OFFER_QUOTAS = Offer.__table__.outerjoin(QuotaRow.__table__, quota_offer())
+_OFFERS_OF = (
+    select(*_OFFER_QUOTA_COLUMNS)
+    .select_from(_OFFER_QUOTAS)
+    .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
+    .order_by(*_OFFER_QUOTA_ORDER)
+)
+
+
+def offers_of_pool(pool_id: Any) -> tuple[Subquery, tuple[Any, ...]]:
+    """`_OFFERS_OF` for the pool `pool_id` names (a parameter), as a subquery to join, with
+    its order as that subquery's columns (a subquery keeps no order): for a statement that
+    reads them beside another (access.lock_owned_pool_with_offers)."""
+    offers = (
+        select(*_OFFER_QUOTA_COLUMNS)
+        .select_from(_OFFER_QUOTAS)
+        .where(Offer.pool_id == pool_id)
+        .subquery("offer_quotas")
+    )
+    return offers, tuple(offers.corresponding_column(cast(Any, c)) for c in _OFFER_QUOTA_ORDER)
 
 
 async def offers_of(

@@ -1,0 +1,62 @@
+"""An update reads the pool's offers in the statement that locks the pool
+(access.lock_owned_pool_with_offers). PostgreSQL re-reads only the locked row once the lock
+is granted, so offers committed while the update waited would be missing from that read:
+the update sees the pool's version move and reads them again. PostgreSQL only (SQLite
+runs one writer at a time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from app.db.engine import Database
+from tests.rest.scene import Scene
+from tests.rest.test_archive_races import DEADLINE_S, _start, _until_waiting
+from tests.support import Api, Fleet
+
+pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # interleaving writers
+
+
+async def test_update_offers_read_with_the_lock_are_never_stale(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    s = await Scene.start(api, fleet)
+    await s.guest("early")
+    await s.guest("late")
+    pool_id = str((await s.pool())["id"])
+    await s.offer(pool_id, "early", {"gpu": 1})
+    async with db.writer.connect() as holder:
+        # Another writer holds the pool, as an offer does, while the update asks for it.
+        await holder.execute(
+            text("SELECT id FROM pools WHERE id = :id FOR NO KEY UPDATE"), {"id": pool_id}
+        )
+        update = _start(api.post(s.token, "pools/update", s.body(pool_id, gpuModel="L40S")))
+        await _until_waiting(db, 1, update)
+        # It offers the pool to one more tenant, as offers.offer_pool writes one: the
+        # offer, its quota row, the pool's version; and commits, granting the update the lock.
+        await holder.execute(
+            text(
+                "INSERT INTO offers (pool_id, tenant_id, include_descendants, priority,"
+                " created_at) VALUES (:id, 'late', false, 0, now())"
+            ),
+            {"id": pool_id},
+        )
+        await holder.execute(
+            text(
+                "INSERT INTO quota_rows (pool_id, tenant_id, resource, max, used)"
+                " VALUES (:id, 'late', 'gpu', 2, 0)"
+            ),
+            {"id": pool_id},
+        )
+        await holder.execute(
+            text("UPDATE pools SET version = version + 1 WHERE id = :id"), {"id": pool_id}
+        )
+        await holder.commit()
+    answered = await asyncio.wait_for(update, DEADLINE_S)
+    assert answered.status_code == 200, answered.text
+    offers = {o["tenantId"]: o for o in answered.json()["pool"]["offers"]}
+    assert set(offers) == {s.owner, "early", "late"}
+    assert offers["late"]["quotas"] == [{"resource": "gpu", "max": 2, "used": 0}]
+    assert answered.json()["pool"] == await s.get(pool_id)
