@@ -6,11 +6,11 @@ visibility (NOT_FOUND) -> the permission on the pool (PERMISSION_DENIED) -> stat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import Row, Select, String, Table, and_, bindparam, select, true
+from sqlalchemy import Row, Select, String, Subquery, Table, and_, bindparam, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.read_rules import caller_live
@@ -123,25 +123,42 @@ async def lock_owned_pool_row(
     return await _owned_row(uow, principal, tenant_id, pool_id, method, found[0] if found else None)
 
 
-async def lock_owned_pool_with_offers(
-    uow: UnitOfWork, principal: Principal, tenant_id: str, pool_id: str, method: Method
-) -> tuple[LockedPool, list[OfferQuota] | None]:
-    """`lock_owned_pool_row` with the pool's offers and their quota rows
-    (reads.offers_of_pool) read in the same statement: for a write that reads them
-    whatever it does (an update). None for them when the pool's row moved while the lock
-    was awaited: PostgreSQL re-reads only the locked row once it is granted, so the offers
+async def lock_owned_pool_with(
+    uow: UnitOfWork,
+    principal: Principal,
+    tenant_id: str,
+    pool_id: str,
+    method: Method,
+    statement: Select[Any],
+    params: Mapping[str, Any],
+) -> tuple[LockedPool, list[Row[Any]] | None]:
+    """`lock_owned_pool_row` with rows of other tables read in the same statement
+    (`statement`, made by `locking_with`; `params` binds theirs): the rows that matched
+    (their columns `joined_<name>`). None for them when the pool's row moved while the
+    lock was awaited: PostgreSQL re-reads only the locked row once it is granted, so rows
     beside it are of the statement's snapshot, older than the lock, and the caller reads
-    them again (every write that changes offers moves the pool's version under its lock)."""
-    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_WITH_OFFERS)
+    them again. For rows that change only under the pool's lock, by writes that move its
+    version (offers and their quota rows' maxima)."""
+    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, statement, params)
     first = found[0] if found else None
     pool = await _owned_row(uow, principal, tenant_id, pool_id, method, first)
     if first is None or first.seen_version != pool.version:
         return pool, None
-    return pool, [
-        OfferQuota(*(getattr(r, f"offer_{name}") for name in OfferQuota._fields))
-        for r in found
-        if r.offer_tenant_id is not None
-    ]
+    return pool, [r for r in found if r.joined_matched]
+
+
+async def lock_owned_pool_with_offers(
+    uow: UnitOfWork, principal: Principal, tenant_id: str, pool_id: str, method: Method
+) -> tuple[LockedPool, list[OfferQuota] | None]:
+    """`lock_owned_pool_with` the pool's offers and their quota rows
+    (reads.offers_of_pool): for a write that reads them whatever it does (an update)."""
+    pool, found = await lock_owned_pool_with(
+        uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_WITH_OFFERS, {}
+    )
+    if found is None:
+        return pool, None
+    names = OfferQuota._fields
+    return pool, [OfferQuota(*(getattr(r, f"joined_{name}") for name in names)) for r in found]
 
 
 async def _lock_rows(
@@ -151,11 +168,12 @@ async def _lock_rows(
     pool_id: str,
     method: Method,
     statement: Select[Any],
+    params: Mapping[str, Any] | None = None,
 ) -> Sequence[Row[Any]]:
     assert method.resource_type == "compute-pool"
     decide_acting_for(principal, tenant_id)
-    params = {"pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
-    found: Sequence[Row[Any]] = (await uow.statements.execute(statement, params)).all()
+    bound = {**(params or {}), "pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
+    found: Sequence[Row[Any]] = (await uow.statements.execute(statement, bound)).all()
     return found
 
 
@@ -239,22 +257,34 @@ _LOCK_OWNED_ROW = (
     .where(_POOLS.c.id == bindparam("pool_id"))
     .with_for_update(key_share=True, of=_POOLS)
 )
-# The same, with the pool's offers and their quota rows outer-joined (one row per offer's
-# quota row, or one with none) and the pool's version as the statement's snapshot holds
-# it (`seen_version`: the locked row's own columns are re-read once the lock is granted).
-_OFFER_ROWS, _OFFER_ROWS_ORDER = offers_of_pool(bindparam("pool_id"))
 _SEEN = _POOLS.alias("seen")
-_LOCK_OWNED_WITH_OFFERS = (
-    _LOCK_OWNED_ROW.add_columns(
-        select(_SEEN.c.version)
-        .where(_SEEN.c.id == bindparam("pool_id"))
-        .scalar_subquery()
-        .label("seen_version"),
-        *(c.label(f"offer_{c.key}") for c in _OFFER_ROWS.c),
+
+
+def locking_with(rows: Subquery, order: Sequence[Any] = (), matched: Any = None) -> Select[Any]:
+    """`_LOCK_OWNED_ROW` with `rows` outer-joined (one row per row of theirs, or one with
+    none; their columns labelled `joined_<name>`, `joined_matched` true where one
+    matched: `matched`, a column of theirs never null in a row), in `order` (columns of
+    `rows`), and the pool's version as the statement's snapshot holds it (`seen_version`:
+    the locked row's own columns are re-read once the lock is granted). For
+    `lock_owned_pool_with`; `rows` binds `pool_id` for the pool."""
+    present = next(iter(rows.c)) if matched is None else matched
+    return (
+        _LOCK_OWNED_ROW.add_columns(
+            select(_SEEN.c.version)
+            .where(_SEEN.c.id == bindparam("pool_id"))
+            .scalar_subquery()
+            .label("seen_version"),
+            present.is_not(None).label("joined_matched"),
+            *(c.label(f"joined_{c.key}") for c in rows.c),
+        )
+        .outerjoin(rows, true())
+        .order_by(*order)
     )
-    .outerjoin(_OFFER_ROWS, true())
-    .order_by(*_OFFER_ROWS_ORDER)
-)
+
+
+# The pool with its offers and their quota rows (an update's).
+_OFFER_ROWS, _OFFER_ROWS_ORDER = offers_of_pool(bindparam("pool_id"))
+_LOCK_OWNED_WITH_OFFERS = locking_with(_OFFER_ROWS, _OFFER_ROWS_ORDER, _OFFER_ROWS.c.tenant_id)
 
 
 def check_version(pool: Pool | LockedPool, expected: int | None) -> None:

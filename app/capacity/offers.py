@@ -29,6 +29,8 @@ from app.capacity.access import (
     LockedPool,
     check_version,
     lock_owned_pool_row,
+    lock_owned_pool_with,
+    locking_with,
 )
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
 from app.capacity.changes import offer_changes, offer_entry
@@ -190,18 +192,29 @@ _WITHDRAW_GUESTS = _GONE_TENANTS.add_cte(
 )
 
 
-# An offer with its tenant's quota rows (none, or one row per resource); built once.
-_OFFER_WITH_QUOTAS = (
-    select(_OFFERS.c.include_descendants, _OFFERS.c.priority, _QUOTAS.c.resource, _QUOTAS.c.max)
-    .select_from(
-        _OFFERS.outerjoin(
-            _QUOTAS,
-            and_(
-                _QUOTAS.c.pool_id == _OFFERS.c.pool_id, _QUOTAS.c.tenant_id == _OFFERS.c.tenant_id
-            ),
+def _offer_with_quotas(pool: Any, tenant: Any) -> Select[Any]:
+    """An offer with its tenant's quota rows (none, or one row per resource)."""
+    return (
+        select(_OFFERS.c.include_descendants, _OFFERS.c.priority, _QUOTAS.c.resource, _QUOTAS.c.max)
+        .select_from(
+            _OFFERS.outerjoin(
+                _QUOTAS,
+                and_(
+                    _QUOTAS.c.pool_id == _OFFERS.c.pool_id,
+                    _QUOTAS.c.tenant_id == _OFFERS.c.tenant_id,
+                ),
+            )
         )
+        .where(_OFFERS.c.pool_id == pool, _OFFERS.c.tenant_id == tenant)
     )
-    .where(_OFFERS.c.pool_id == bindparam("pool_key"), _OFFERS.c.tenant_id == bindparam("tenant"))
+
+
+# Built once: alone (bound: pool_key, tenant), and read with the pool's lock (an unoffer's;
+# bound: pool_id, to_tenant).
+_OFFER_WITH_QUOTAS = _offer_with_quotas(bindparam("pool_key"), bindparam("tenant"))
+_HELD_OFFER = _offer_with_quotas(bindparam("pool_id"), bindparam("to_tenant")).subquery("held")
+_LOCK_WITH_OFFER = locking_with(
+    _HELD_OFFER, (_HELD_OFFER.c.resource,), _HELD_OFFER.c.include_descendants
 )
 
 
@@ -448,23 +461,35 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
 async def unoffer_pool(
     uow: UnitOfWork, principal: Principal, inp: UnofferPoolInput
 ) -> bool | ImpactView:
-    session = uow.session
-    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, UNOFFER_POOL)
+    # The offer comes with the lock, unless the pool moved while the lock was awaited.
+    pool, held = await lock_owned_pool_with(
+        uow,
+        principal,
+        inp.tenant_id,
+        inp.pool_id,
+        UNOFFER_POOL,
+        _LOCK_WITH_OFFER,
+        {"to_tenant": inp.to_tenant_id},
+    )
     if inp.to_tenant_id == pool.tenant_id:
         raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
     check_version(pool, inp.version)
     if inp.dry_run:
-        return await unoffer_impact(session, principal, pool, inp.to_tenant_id)
-    found = (
-        await uow.statements.execute(
-            _OFFER_WITH_QUOTAS, {"pool_key": pool.id, "tenant": inp.to_tenant_id}
-        )
-    ).all()
+        return await unoffer_impact(uow.session, principal, pool, inp.to_tenant_id)
+    if held is None:
+        at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
+        found = [
+            (r.include_descendants, r.priority, r.resource, r.max)
+            for r in await uow.statements.execute(_OFFER_WITH_QUOTAS, at)
+        ]
+    else:
+        names = ("include_descendants", "priority", "resource", "max")
+        found = [tuple(getattr(r, f"joined_{name}") for name in names) for r in held]
     if not found:  # no such offer
         return False
-    offer = found[0]
-    quota = {r.resource: r.max for r in found if r.resource is not None}
-    before = offer_entry(offer.include_descendants, offer.priority, quota)
+    include_descendants, priority = found[0][:2]
+    quota = {resource: maximum for _, _, resource, maximum in found if resource is not None}
+    before = offer_entry(include_descendants, priority, quota)
     await withdraw_offer(uow.statements, pool.id, inp.to_tenant_id)
     pool = await write_pool(uow.statements, pool, next_version(pool))
     uow.emit(

@@ -336,7 +336,6 @@ _ADD_ROWS = {False: _add_rows(False), True: _add_rows(True)}
 async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInput) -> PoolDetail:
     if inp.policy is None and inp.gpu_model is None:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
-    session = uow.session
     # The offers come with the lock (one statement less), unless the pool moved while the
     # lock was awaited: then they are read now, under it.
     pool, offer_quotas = await lock_owned_pool_with_offers(
@@ -364,7 +363,7 @@ async def update_pool(uow: UnitOfWork, principal: Principal, inp: UpdatePoolInpu
     changes: list[Change] = []
     written: dict[str, Any] = {}
     if inp.policy is not None:
-        site = await session.get_one(Site, pool.site_id)
+        site = await uow.session.get_one(Site, pool.site_id)  # (a session made only here)
         policy = validate_policy(
             inp.policy, PolicyContext(pool.pool_class, pool.sharing, site.kind), pool.policy
         )
@@ -467,11 +466,10 @@ def _emit_updated(
 async def archive_pool(
     uow: UnitOfWork, principal: Principal, inp: ArchivePoolInput
 ) -> PoolDetail | ImpactView:
-    session = uow.session
     pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, ARCHIVE_POOL)
     check_version(pool, inp.version)
     if inp.dry_run:
-        return await archive_impact(session, principal, pool)
+        return await archive_impact(uow.session, principal, pool)
     if pool.archived:
         return await owned_pool_detail(uow.statements, principal, pool)
     removed = await withdraw_guest_offers(uow.statements, pool)

@@ -41,9 +41,9 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # guests' offers, authz and quota rows go in one statement; an offer reads its facts with
 # the target's quota rows locked, in one.
 # Since then (3 for offer resize): a resize that adds no row answers from the rows it
-# locked, so its offer and quota writes ride in its event too; an update reads the offers
-# with its lock (access.lock_owned_pool_with_offers; again after it when the pool moved
-# while the lock was awaited: test_update_offers_read_with_the_lock_are_never_stale).
+# locked, so its offer and quota writes ride in its event too; an update reads the offers,
+# an unoffer the offer, with the lock (access.lock_owned_pool_with; again after it when
+# the pool moved while the lock was awaited: tests/rest/test_update_races.py).
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
@@ -52,7 +52,7 @@ STATEMENTS = {
         "offer (resize)": 3,
         "update (policy)": 4,
         "update (gpuModel)": 2,
-        "unoffer": 3,
+        "unoffer": 2,
         "archive": 5,
     },
     "sqlite": {
@@ -61,7 +61,7 @@ STATEMENTS = {
         "offer (resize)": 9,
         "update (policy)": 9,
         "update (gpuModel)": 8,
-        "unoffer": 11,
+        "unoffer": 10,
         "archive": 12,
     },
 }

@@ -1,8 +1,8 @@
-"""An update reads the pool's offers in the statement that locks the pool
-(access.lock_owned_pool_with_offers). PostgreSQL re-reads only the locked row once the lock
-is granted, so offers committed while the update waited would be missing from that read:
-the update sees the pool's version move and reads them again. PostgreSQL only (SQLite
-runs one writer at a time)."""
+"""An update reads the pool's offers, an unoffer the offer it withdraws, in the statement
+that locks the pool (access.lock_owned_pool_with). PostgreSQL re-reads only the locked row
+once the lock is granted, so offers committed while the write waited would be missing
+from that read: the write sees the pool's version move and reads them again. PostgreSQL
+only (SQLite runs one writer at a time)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,36 @@ async def test_update_offers_read_with_the_lock_are_never_stale(
     assert set(offers) == {s.owner, "early", "late"}
     assert offers["late"]["quotas"] == [{"resource": "gpu", "max": 2, "used": 0}]
     assert answered.json()["pool"] == await s.get(pool_id)
+
+
+async def test_an_unoffer_that_waited_reads_the_offer_again(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """An unoffer reads the offer with its lock as well: withdrawn by another writer while
+    it waited, the offer is gone, and the unoffer answers `removed: false`, emitting
+    nothing."""
+    s = await Scene.start(api, fleet)
+    await s.guest("guest")
+    pool_id = str((await s.pool())["id"])
+    await s.offer(pool_id, "guest", {"gpu": 1})
+    version = (await s.get(pool_id))["version"]
+    async with db.writer.connect() as holder:
+        await holder.execute(
+            text("SELECT id FROM pools WHERE id = :id FOR NO KEY UPDATE"), {"id": pool_id}
+        )
+        body = s.body(pool_id, toTenantId="guest")
+        unoffer = _start(api.post(s.token, "pools/unoffer", body))
+        await _until_waiting(db, 1, unoffer)
+        # Another unoffer, as offers.withdraw_offer writes it, and the pool's version.
+        await holder.execute(
+            text("DELETE FROM offers WHERE pool_id = :id AND tenant_id = 'guest'"),
+            {"id": pool_id},
+        )
+        await holder.execute(
+            text("UPDATE pools SET version = version + 1 WHERE id = :id"), {"id": pool_id}
+        )
+        await holder.commit()
+    answered = await asyncio.wait_for(unoffer, DEADLINE_S)
+    assert answered.status_code == 200, answered.text
+    assert answered.json() == {"removed": False}
+    assert (await s.get(pool_id))["version"] == version + 1  # no second move
