@@ -39,6 +39,7 @@ from app.capacity.inputs import OfferPoolInput, UnofferPoolInput
 from app.capacity.pool_reads import offered_pool_detail, owned_pool_detail
 from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
 from app.capacity.projection import (
+    among,
     authz_values,
     put_authz_row,
     remove_authz_rows,
@@ -166,7 +167,7 @@ def _dropping_withdrawn(tenants: BindParameter[Any] | Select[Any]) -> Update:
     locks them in resource order (tenant by tenant), as bookings and releases take them:
     its subquery's FOR UPDATE locks rows in its ORDER BY's order before the UPDATE writes
     them. `tenants` a list bound per call, or a subquery (`_WITHDRAW_GUESTS`)."""
-    rows = (_QUOTAS.c.pool_id == bindparam("pool_key")) & _QUOTAS.c.tenant_id.in_(tenants)
+    rows = (_QUOTAS.c.pool_id == bindparam("pool_key")) & among(_QUOTAS.c.tenant_id, tenants)
     locked = (
         select(_QUOTAS.c.tenant_id, _QUOTAS.c.resource)
         .where(rows)
@@ -181,6 +182,7 @@ def _dropping_withdrawn(tenants: BindParameter[Any] | Select[Any]) -> Update:
 
 
 _DROP_WITHDRAWN = _dropping_withdrawn(bindparam("tenants", expanding=True))
+_DROP_WITHDRAWN_ONE = _dropping_withdrawn(bindparam("tenant"))  # an unoffer's
 # An archive's withdrawal on PostgreSQL: the guests' offers, authz rows and quota maxima
 # in one statement, the same three writes with the deleted offers' tenants as their list
 # (of one snapshot: none of them reads what another writes). It answers the guests.
@@ -301,7 +303,11 @@ async def _withdrawn(
     forgets the withdrawn offers it had loaded (a fleet apply's), and gives its loaded
     quota rows their new maxima."""
     await remove_authz_rows(statements, pool_id, tenant_ids, sent=sent)
-    if not sent:
+    if not sent and len(tenant_ids) == 1:
+        await statements.write_later(
+            _DROP_WITHDRAWN_ONE, {"pool_key": pool_id, "tenant": tenant_ids[0]}
+        )
+    elif not sent:
         await statements.write_later(
             _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
         )

@@ -5,11 +5,11 @@ offer, removed on unoffer and archive, refreshed on update, always beside the of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Delete, Select, Table, bindparam, delete, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from app.capacity.access import LockedPool
 from app.capacity.pool_rows import forget_loaded, sync_loaded
@@ -88,15 +88,25 @@ async def remove_authz_row(session: AsyncSession, pool_id: str, tenant_id: str) 
     )
 
 
+def among(column: Any, tenants: BindParameter[Any] | Select[Any]) -> ColumnElement[bool]:
+    """`column` is one of `tenants`: a list bound per call (expanding), a subquery, or one
+    tenant bound per call (a plain `=`: no list whose SQL is rendered again per call)."""
+    if isinstance(tenants, BindParameter) and not tenants.expanding:
+        return cast(ColumnElement[bool], column == tenants)
+    return cast(ColumnElement[bool], column.in_(tenants))
+
+
 def removing_authz_rows(tenants: BindParameter[Any] | Select[Any]) -> Delete:
-    """Some tenants' authz rows of a pool: `tenants` a list bound per call, or a subquery
-    (an archive's withdrawn guests, app/capacity/offers.py)."""
+    """Some tenants' authz rows of a pool: `tenants` as `among` takes them (an archive's
+    withdrawn guests a subquery, app/capacity/offers.py)."""
     return delete(_AUTHZ).where(
-        _AUTHZ.c.pool_id == bindparam("pool_key"), _AUTHZ.c.tenant_id.in_(tenants)
+        _AUTHZ.c.pool_id == bindparam("pool_key"), among(_AUTHZ.c.tenant_id, tenants)
     )
 
 
-_REMOVE = removing_authz_rows(bindparam("tenants", expanding=True))  # built once
+# Built once: for some tenants, and for one (an unoffer's).
+_REMOVE = removing_authz_rows(bindparam("tenants", expanding=True))
+_REMOVE_ONE = removing_authz_rows(bindparam("tenant"))
 
 
 async def remove_authz_rows(
@@ -107,7 +117,11 @@ async def remove_authz_rows(
     `sent`: the rows went in a statement of the caller's (`removing_authz_rows`)."""
     gone = set(tenant_ids)
     forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
-    if not sent:
+    if sent:
+        return
+    if len(tenant_ids) == 1:
+        await statements.write_later(_REMOVE_ONE, {"pool_key": pool_id, "tenant": tenant_ids[0]})
+    else:
         await statements.write_later(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
 
 
