@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
-from sqlalchemy import Column, Row, Select, Subquery, bindparam, exists, select
+from sqlalchemy import Column, ColumnElement, Row, Select, Subquery, bindparam, exists, select
 
 from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
@@ -389,24 +389,25 @@ _OFFER_QUOTA_COLUMNS = (
 )
 _OFFER_QUOTA_ORDER = (Offer.pool_id, *_ORDER["offers"], *OFFER.relation("quotas").order)
 _OFFER_QUOTAS = Offer.__table__.outerjoin(QuotaRow.__table__, quota_offer())
-_OFFERS_OF = (
-    select(*_OFFER_QUOTA_COLUMNS)
-    .select_from(_OFFER_QUOTAS)
-    .where(Offer.pool_id.in_(bindparam("pool_ids", expanding=True)))
-    .order_by(*_OFFER_QUOTA_ORDER)
+
+
+def _offer_quotas(pools: ColumnElement[bool]) -> Select[Any]:
+    found = select(*_OFFER_QUOTA_COLUMNS).select_from(_OFFER_QUOTAS).where(pools)
+    return cast(Select[Any], found)
+
+
+_OFFERS_OF = _offer_quotas(Offer.pool_id.in_(bindparam("pool_ids", expanding=True))).order_by(
+    *_OFFER_QUOTA_ORDER
 )
+# One pool's: a plain `=`, not an IN list SQLAlchemy renders again on every call.
+_OFFERS_OF_ONE = _offer_quotas(Offer.pool_id == bindparam("pool_id")).order_by(*_OFFER_QUOTA_ORDER)
 
 
 def offers_of_pool(pool_id: Any) -> tuple[Subquery, tuple[Any, ...]]:
     """`_OFFERS_OF` for the pool `pool_id` names (a parameter), as a subquery to join, with
     its order as that subquery's columns (a subquery keeps no order): for a statement that
     reads them beside another (access.lock_owned_pool_with_offers)."""
-    offers = (
-        select(*_OFFER_QUOTA_COLUMNS)
-        .select_from(_OFFER_QUOTAS)
-        .where(Offer.pool_id == pool_id)
-        .subquery("offer_quotas")
-    )
+    offers = _offer_quotas(Offer.pool_id == pool_id).subquery("offer_quotas")
     return offers, tuple(offers.corresponding_column(cast(Any, c)) for c in _OFFER_QUOTA_ORDER)
 
 
@@ -425,7 +426,7 @@ async def offers_and_own_quotas(
     """`offers_of` one pool, and its owner's quota rows as `effective_quotas` gives them
     to the owner (its own offer their grant: the owner's offer is never withdrawn), from
     the same statement: an owned pool's two parts in one round trip."""
-    rows = (await executor.execute(_OFFERS_OF, {"pool_ids": [pool.id]})).all()
+    rows = (await executor.execute(_OFFERS_OF_ONE, {"pool_id": pool.id})).all()
     return owned_parts_of(pool, rows)
 
 
