@@ -27,7 +27,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVarTuple, overload
 
 from sqlalchemy.engine import Dialect, Result
@@ -70,12 +70,12 @@ class DriverStatement:
     binds: Mapping[str, _Processor]
     keys: tuple[str, ...]
     results: tuple[_Processor, ...] | None
+    # Its rows' keys as SQLAlchemy's Result takes them, made once (read-only, shared by
+    # every result, as SQLAlchemy shares a cursor result's across executions).
+    metadata: SimpleResultMetaData
     # Each positional parameter's source, read off the compiled binds once (`_plan`);
     # None: SQLAlchemy's `construct_params` builds them per call.
     plan: tuple[_Argument, ...] | None = None
-    # Its rows' keys as SQLAlchemy's Result takes them, made once (read-only, shared by
-    # every result, as SQLAlchemy shares a cursor result's across executions).
-    metadata: SimpleResultMetaData | None = None
 
     def arguments(self, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         if self.expanding:  # an IN list: its text depends on the number of values
@@ -173,8 +173,6 @@ def compile_for_driver(
     statement: Executable,
     dialect: Dialect,
     column_keys: tuple[str, ...] | None = None,
-    *,
-    planned: bool = True,
 ) -> DriverStatement | None:
     """`statement` as the driver runs it, or None when this path cannot (an ORM statement:
     its rows are entities, built by the session). An INSERT or UPDATE writes the columns
@@ -205,7 +203,7 @@ def compile_for_driver(
         binds=binds,
         keys=keys,
         results=results if any(p is not None for p in results) else None,
-        plan=None if expanding or not planned else _plan(compiled, names, binds),
+        plan=None if expanding else _plan(compiled, names, binds),
         metadata=SimpleResultMetaData(keys),
     )
 
@@ -410,8 +408,7 @@ class SessionStatements:
                 records = await raw.fetch(sql, *args)
         except Exception as exc:
             raise _adapted(exc, sql) from exc
-        metadata = compiled.metadata or SimpleResultMetaData(compiled.keys)
-        return IteratorResult(metadata, iter(compiled.rows(records)))
+        return IteratorResult(compiled.metadata, iter(compiled.rows(records)))
 
     async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
         """`statement` once per row, as one executemany on the plain path; a single row
@@ -479,7 +476,7 @@ def _begin_problem() -> str | None:
 
 
 def _driver_problem(dialect: Dialect) -> str | None:
-    from sqlalchemy import bindparam, column, select
+    from sqlalchemy import JSON, bindparam, column, select
     from sqlalchemy.pool import ManagesConnection
 
     if dialect.name != "postgresql" or dialect.driver != "asyncpg":
@@ -493,4 +490,15 @@ def _driver_problem(dialect: Dialect) -> str | None:
     sql, args = made.arguments({"b": [1, 2]})
     if args != (1, 2) or "$2" not in sql:
         return f"an IN list compiled as {sql!r} with {args!r}"
+    # The argument plan reads SQLAlchemy's compiled binds (`_plan`): it must send what
+    # construct_params builds, a default and a type's processor included.
+    probe = select(column("a")).where(
+        column("a") == bindparam("c"), column("a") != bindparam("d", "x", type_=JSON())
+    )
+    made = compile_for_driver(probe, dialect)
+    if made is None or made.plan is None:
+        return "a plain probe statement has no argument plan"
+    planned = made.arguments({"c": 3})
+    if planned != replace(made, plan=None).arguments({"c": 3}):
+        return f"the argument plan sent {planned!r}, not what construct_params builds"
     return None

@@ -4,6 +4,7 @@ with the same rows, the same transaction and the same errors on both."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -280,8 +281,8 @@ def test_the_argument_plan_sends_what_construct_params_sends(n: int) -> None:
     dialect = postgresql.asyncpg.dialect()  # type: ignore[attr-defined]
     keys = tuple(sorted(params)) if isinstance(statement, type(_RENAME)) else None
     planned = compile_for_driver(statement, dialect, keys)
-    plain = compile_for_driver(statement, dialect, keys, planned=False)
-    assert planned is not None and plain is not None
+    assert planned is not None
+    plain = dataclasses.replace(planned, plan=None)
     assert plain.plan is None
     assert (planned.plan is not None) == (not planned.expanding)
     assert planned.arguments(params) == plain.arguments(params)
@@ -315,3 +316,20 @@ def test_a_bind_computed_per_call_keeps_construct_params() -> None:
     made = compile_for_driver(carried, postgresql.asyncpg.dialect())  # type: ignore[attr-defined]
     assert made is not None and made.plan is None
     assert made.arguments({})[1] == ("acme",)
+
+
+def test_an_argument_plan_that_drifts_from_construct_params_turns_the_driver_path_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan reads SQLAlchemy's compiled binds, an internal: start-up compares it with
+    construct_params on a probe and, should an upgrade make them differ, the driver path
+    stays off (the plain path serves every statement)."""
+    from sqlalchemy.dialects import postgresql
+
+    from app.db import session_statements
+
+    dialect = postgresql.asyncpg.dialect()  # type: ignore[attr-defined]
+    assert session_statements._driver_problem(dialect) is None
+    monkeypatch.setattr(session_statements, "_argument", lambda a, params: None)
+    problem = session_statements._driver_problem(dialect)
+    assert problem is not None and "argument plan" in problem
