@@ -119,8 +119,8 @@ async def lock_owned_pool_row(
     returns the pool as its owner sees it: pool_reads.owned_pool_detail); a pool missing
     or not the tenant's is refused as before, NOT_FOUND on tenantId first for a tenant
     that does not exist."""
-    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_ROW)
-    return await _owned_row(uow, principal, tenant_id, pool_id, method, found[0] if found else None)
+    pool, _ = await _locked(uow, principal, tenant_id, pool_id, method, _LOCK_OWNED_ROW, {})
+    return pool
 
 
 async def lock_owned_pool_with(
@@ -139,10 +139,8 @@ async def lock_owned_pool_with(
     beside it are of the statement's snapshot, older than the lock, and the caller reads
     them again. For rows that change only under the pool's lock, by writes that move its
     version (offers and their quota rows' maxima)."""
-    found = await _lock_rows(uow, principal, tenant_id, pool_id, method, statement, params)
-    first = found[0] if found else None
-    pool = await _owned_row(uow, principal, tenant_id, pool_id, method, first)
-    if first is None or first.seen_version != pool.version:
+    pool, found = await _locked(uow, principal, tenant_id, pool_id, method, statement, params)
+    if found[0].seen_version != pool.version:
         return pool, None
     return pool, [r for r in found if r.joined_matched]
 
@@ -161,30 +159,22 @@ async def lock_owned_pool_with_offers(
     return pool, [OfferQuota(*(getattr(r, f"joined_{name}") for name in names)) for r in found]
 
 
-async def _lock_rows(
+async def _locked(
     uow: UnitOfWork,
     principal: Principal,
     tenant_id: str,
     pool_id: str,
     method: Method,
     statement: Select[Any],
-    params: Mapping[str, Any] | None = None,
-) -> Sequence[Row[Any]]:
+    params: Mapping[str, Any],
+) -> tuple[LockedPool, Sequence[Row[Any]]]:
+    """The pool `statement` locks, decided as `lock_owned_pool_row` says, and every row the
+    statement gave (at least one)."""
     assert method.resource_type == "compute-pool"
     decide_acting_for(principal, tenant_id)
-    bound = {**(params or {}), "pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
-    found: Sequence[Row[Any]] = (await uow.statements.execute(statement, bound)).all()
-    return found
-
-
-async def _owned_row(
-    uow: UnitOfWork,
-    principal: Principal,
-    tenant_id: str,
-    pool_id: str,
-    method: Method,
-    found: Row[Any] | None,
-) -> LockedPool:
+    bound = {**params, "pool_id": pool_id, "tenant_id": tenant_id, **uow.caller_params()}
+    rows = (await uow.statements.execute(statement, bound)).all()
+    found = rows[0] if rows else None
     if found is None or found.tenant_id != tenant_id:
         await load_lineage(uow.statements, tenant_id)  # NOT_FOUND for an unknown tenant
         raise pool_not_found(pool_id)
@@ -199,7 +189,7 @@ async def _owned_row(
             found.owner_owned,
         )
     _owned(uow.statements, principal, pool_id, owned, method.permission)
-    return LockedPool(**{name: getattr(found, name) for name in POOL_COLUMNS})
+    return LockedPool(**{name: getattr(found, name) for name in POOL_COLUMNS}), rows
 
 
 def _owned(
@@ -260,21 +250,20 @@ _LOCK_OWNED_ROW = (
 _SEEN = _POOLS.alias("seen")
 
 
-def locking_with(rows: Subquery, order: Sequence[Any] = (), matched: Any = None) -> Select[Any]:
+def locking_with(rows: Subquery, order: Sequence[Any], matched: Any) -> Select[Any]:
     """`_LOCK_OWNED_ROW` with `rows` outer-joined (one row per row of theirs, or one with
     none; their columns labelled `joined_<name>`, `joined_matched` true where one
     matched: `matched`, a column of theirs never null in a row), in `order` (columns of
     `rows`), and the pool's version as the statement's snapshot holds it (`seen_version`:
     the locked row's own columns are re-read once the lock is granted). For
     `lock_owned_pool_with`; `rows` binds `pool_id` for the pool."""
-    present = next(iter(rows.c)) if matched is None else matched
     return (
         _LOCK_OWNED_ROW.add_columns(
             select(_SEEN.c.version)
             .where(_SEEN.c.id == bindparam("pool_id"))
             .scalar_subquery()
             .label("seen_version"),
-            present.is_not(None).label("joined_matched"),
+            matched.is_not(None).label("joined_matched"),
             *(c.label(f"joined_{c.key}") for c in rows.c),
         )
         .outerjoin(rows, true())

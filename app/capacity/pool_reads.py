@@ -165,8 +165,8 @@ async def offered_pool_detail(
     them: reads.quota_view)."""
     view = seen_through_own_row(principal, pool, tenant_id, authz_row)
     # Its own row grants it (seen_through_own_row), so its own rows are the ones it sees.
-    own = quotas is not None and view.grant.tenant_id == tenant_id
-    known = {view.id: quotas} if own and quotas is not None else None
+    own = view.grant.tenant_id == tenant_id
+    known = {view.id: quotas} if quotas is not None and own else None
     (detail,) = await read_parts(executor, principal, [view], DETAIL_PARTS, quotas=known)
     return detail
 

@@ -449,12 +449,11 @@ def owned_parts_of(
 ) -> tuple[tuple[OfferView, ...], tuple[QuotaView, ...]]:
     """`offers_and_own_quotas` over its rows, read or known (a create's, as it wrote them)."""
     own = tuple(
-        QuotaView(
-            r.resource,
-            r.max,
-            r.used,
+        quota_view(
             pool.id,
-            GrantView(None, pool.tenant_id, r.include_descendants, r.priority, r.created_at),
+            pool.tenant_id,
+            (r.resource, r.max, r.used),
+            (r.include_descendants, r.priority, r.created_at),
         )
         for r in rows
         if r.tenant_id == pool.tenant_id and r.resource is not None

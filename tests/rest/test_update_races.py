@@ -7,16 +7,39 @@ only (SQLite runs one writer at a time)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 
 from app.db.engine import Database
-from tests.rest.scene import Scene
+from tests.rest.scene import Scene, events
 from tests.rest.test_archive_races import DEADLINE_S, _start, _until_waiting
 from tests.support import Api, Fleet
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # interleaving writers
+
+_MOVE_VERSION = "UPDATE pools SET version = version + 1 WHERE id = :id"
+
+
+async def _written_while_waiting(
+    s: Scene, db: Database, pool_id: str, method: str, body: dict[str, Any], *writes: str
+) -> httpx.Response:
+    """`method` called while another writer holds the pool, as a pool write does; that
+    writer then runs `writes` (bound: `id`, the pool) and commits, granting the lock."""
+    async with db.writer.connect() as holder:
+        await holder.execute(
+            text("SELECT id FROM pools WHERE id = :id FOR NO KEY UPDATE"), {"id": pool_id}
+        )
+        call = _start(s.api.post(s.token, f"pools/{method}", body))
+        await _until_waiting(db, 1, call)
+        for write in writes:
+            await holder.execute(text(write), {"id": pool_id})
+        await holder.commit()
+    answered = await asyncio.wait_for(call, DEADLINE_S)
+    assert answered.status_code == 200, answered.text
+    return answered
 
 
 async def test_update_offers_read_with_the_lock_are_never_stale(
@@ -27,35 +50,20 @@ async def test_update_offers_read_with_the_lock_are_never_stale(
     await s.guest("late")
     pool_id = str((await s.pool())["id"])
     await s.offer(pool_id, "early", {"gpu": 1})
-    async with db.writer.connect() as holder:
-        # Another writer holds the pool, as an offer does, while the update asks for it.
-        await holder.execute(
-            text("SELECT id FROM pools WHERE id = :id FOR NO KEY UPDATE"), {"id": pool_id}
-        )
-        update = _start(api.post(s.token, "pools/update", s.body(pool_id, gpuModel="L40S")))
-        await _until_waiting(db, 1, update)
-        # It offers the pool to one more tenant, as offers.offer_pool writes one: the
-        # offer, its quota row, the pool's version; and commits, granting the update the lock.
-        await holder.execute(
-            text(
-                "INSERT INTO offers (pool_id, tenant_id, include_descendants, priority,"
-                " created_at) VALUES (:id, 'late', false, 0, now())"
-            ),
-            {"id": pool_id},
-        )
-        await holder.execute(
-            text(
-                "INSERT INTO quota_rows (pool_id, tenant_id, resource, max, used)"
-                " VALUES (:id, 'late', 'gpu', 2, 0)"
-            ),
-            {"id": pool_id},
-        )
-        await holder.execute(
-            text("UPDATE pools SET version = version + 1 WHERE id = :id"), {"id": pool_id}
-        )
-        await holder.commit()
-    answered = await asyncio.wait_for(update, DEADLINE_S)
-    assert answered.status_code == 200, answered.text
+    # The other writer offers the pool to one more tenant, as offers.offer_pool writes
+    # one: the offer, its quota row, the pool's version.
+    answered = await _written_while_waiting(
+        s,
+        db,
+        pool_id,
+        "update",
+        s.body(pool_id, gpuModel="L40S"),
+        "INSERT INTO offers (pool_id, tenant_id, include_descendants, priority, created_at)"
+        " VALUES (:id, 'late', false, 0, now())",
+        "INSERT INTO quota_rows (pool_id, tenant_id, resource, max, used)"
+        " VALUES (:id, 'late', 'gpu', 2, 0)",
+        _MOVE_VERSION,
+    )
     offers = {o["tenantId"]: o for o in answered.json()["pool"]["offers"]}
     assert set(offers) == {s.owner, "early", "late"}
     assert offers["late"]["quotas"] == [{"resource": "gpu", "max": 2, "used": 0}]
@@ -66,30 +74,25 @@ async def test_an_unoffer_that_waited_reads_the_offer_again(
     api: Api, fleet: Fleet, db: Database
 ) -> None:
     """An unoffer reads the offer with its lock as well: withdrawn by another writer while
-    it waited, the offer is gone, and the unoffer answers `removed: false`, emitting
-    nothing."""
+    it waited, the offer is gone, and the unoffer answers `removed: false`, writing and
+    emitting nothing."""
     s = await Scene.start(api, fleet)
     await s.guest("guest")
     pool_id = str((await s.pool())["id"])
     await s.offer(pool_id, "guest", {"gpu": 1})
     version = (await s.get(pool_id))["version"]
-    async with db.writer.connect() as holder:
-        await holder.execute(
-            text("SELECT id FROM pools WHERE id = :id FOR NO KEY UPDATE"), {"id": pool_id}
-        )
-        body = s.body(pool_id, toTenantId="guest")
-        unoffer = _start(api.post(s.token, "pools/unoffer", body))
-        await _until_waiting(db, 1, unoffer)
-        # Another unoffer, as offers.withdraw_offer writes it, and the pool's version.
-        await holder.execute(
-            text("DELETE FROM offers WHERE pool_id = :id AND tenant_id = 'guest'"),
-            {"id": pool_id},
-        )
-        await holder.execute(
-            text("UPDATE pools SET version = version + 1 WHERE id = :id"), {"id": pool_id}
-        )
-        await holder.commit()
-    answered = await asyncio.wait_for(unoffer, DEADLINE_S)
-    assert answered.status_code == 200, answered.text
+    emitted = len(await events(db, pool_id))
+    # The other writer withdraws the offer, as offers.withdraw_offer does, and moves the
+    # pool's version.
+    answered = await _written_while_waiting(
+        s,
+        db,
+        pool_id,
+        "unoffer",
+        s.body(pool_id, toTenantId="guest"),
+        "DELETE FROM offers WHERE pool_id = :id AND tenant_id = 'guest'",
+        _MOVE_VERSION,
+    )
     assert answered.json() == {"removed": False}
     assert (await s.get(pool_id))["version"] == version + 1  # no second move
+    assert len(await events(db, pool_id)) == emitted
