@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -80,7 +81,7 @@ from bench.database import bench_database, bench_sqlite_database
 from bench.floor import POOL_SIZE as POSTGRESQL_FLOOR_CONNECTIONS
 from bench.floor_sqlite import CONNECTIONS as SQLITE_FLOOR_CONNECTIONS
 from bench.native_load import HttpRequest, LoadGenerator, LoadResult, ensure_generator
-from bench.proc import TICKS, cpu_s
+from bench.proc import TICKS, Profiler, cpu_s
 
 CONNECTIONS = 16
 THREADS = 1  # wrk threads under load: one keeps up with these rates (its CPU is printed)
@@ -762,6 +763,7 @@ class Bench:
     service_url: str
     floor_url: str
     service_client: httpx.AsyncClient
+    profiler: Profiler
 
     async def run(
         self,
@@ -818,11 +820,18 @@ async def measure_case(bench: Bench, case: Case, plan: Plan) -> dict[str, Side]:
     for round_ in range(plan.rounds):
         order = ("floor", "service") if round_ % 2 == 0 else ("service", "floor")
         for target in order:
-            sides[target].runs.append(
-                await bench.run(
+            # `--profile`: the service's first round of each read, sampled by py-spy.
+            profiled = round_ == 0 and target == "service"
+            if profiled:
+                bench.profiler.start(re.sub(r"[^A-Za-z0-9]+", "_", case.name))
+            try:
+                run = await bench.run(
                     case, target, connections=CONNECTIONS, threads=THREADS, seconds=plan.seconds
                 )
-            )
+            finally:
+                if profiled:
+                    bench.profiler.stop()
+            sides[target].runs.append(run)
     for target in ("floor", "service"):
         sides[target].sequential = await bench.run(
             case, target, connections=1, threads=1, seconds=plan.sequential_seconds
@@ -996,6 +1005,7 @@ async def measure(
     generator: LoadGenerator,
     logs: Path,
     only: list[str],
+    profile: str | None,
 ) -> None:
     servers: list[subprocess.Popen[bytes]] = []
     started = time.perf_counter()
@@ -1039,6 +1049,7 @@ async def measure(
                 service_url,
                 floor_url,
                 service_client,
+                Profiler(profile, service.pid),
             )
             results = []
             for case in cases:
@@ -1064,7 +1075,12 @@ async def measure(
 
 
 async def run_dialect(
-    dialect: Dialect, plan: Plan, generator: LoadGenerator, logs: Path, only: list[str]
+    dialect: Dialect,
+    plan: Plan,
+    generator: LoadGenerator,
+    logs: Path,
+    only: list[str],
+    profile: str | None,
 ) -> None:
     async with dialect.store() as store:
         print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
@@ -1074,11 +1090,13 @@ async def run_dialect(
             f" {store.url}; floor: {dialect.floor_text}, its own uvicorn process",
             flush=True,
         )
-        await measure(dialect, store, plan, generator, logs, only)
+        await measure(dialect, store, plan, generator, logs, only, profile)
         print(f"uptime at end: {uptime()}", flush=True)
 
 
-async def run(plan: Plan, prefer: str, dialects: list[Dialect], only: list[str]) -> None:
+async def run(
+    plan: Plan, prefer: str, dialects: list[Dialect], only: list[str], profile: str | None
+) -> None:
     generator = ensure_generator(prefer)
     version = generator_version(generator)
     warm_up = (
@@ -1095,7 +1113,9 @@ async def run(plan: Plan, prefer: str, dialects: list[Dialect], only: list[str])
     )
     with tempfile.TemporaryDirectory(prefix="bench-graphql-pools-") as logs:
         for dialect in dialects:
-            await run_dialect(dialect, plan, generator, Path(logs), only)
+            await run_dialect(
+                dialect, plan, generator, Path(logs), only, profile and f"{profile}/{dialect.name}"
+            )
     print(
         "\nfloor/s, service/s: requests (pages) per second under load; p50/p99 the mean of the"
         " rounds' percentiles. stmts/req: the service's bettercompute_db_statements_total for"
@@ -1139,11 +1159,17 @@ def main(argv: list[str] | None = None) -> None:
         help="measure only the reads whose name holds one of these, comma-separated"
         " (e.g. 'one pool,lending'); the others are still checked against the floor",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy the service through each read's first service round"
+        " (DIR/<dialect>/<read>.txt)",
+    )
     args = parser.parse_args(argv)
     names = ("postgresql", "sqlite") if args.dialect == "both" else (args.dialect,)
     only = [o.strip() for o in args.only.split(",") if o.strip()]
     plan = QUICK if args.quick else FULL
-    asyncio.run(run(plan, args.generator, [DIALECTS[n] for n in names], only))
+    asyncio.run(run(plan, args.generator, [DIALECTS[n] for n in names], only, args.profile))
 
 
 if __name__ == "__main__":
