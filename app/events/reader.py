@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     ColumnElement,
     Select,
@@ -235,20 +236,36 @@ def _bound(prefix: str, position: Position) -> dict[str, int]:
     return {f"{prefix}_tx": position.tx, f"{prefix}_seq": position.seq}
 
 
+class AudienceArray(FunctionElement[Any]):
+    """The tenants of a subquery's audience rows as one JSON array (an aggregate)."""
+
+    type = JSON()
+    name = "audience_array"
+    inherit_cache = True
+
+
+@compiles(AudienceArray)
+def _audience_array(element: AudienceArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"json_group_array({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(AudienceArray, "postgresql")
+def _audience_array_pg(element: AudienceArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"json_agg({compiler.process(element.clauses, **kw)})"
+
+
 def _with_audiences(events: Select[Any], tenants: Collection[str] | None) -> Select[Any]:
     """`events` (rows of the events table in position order, limited) with each event's
-    audience beside it, one row per tenant (an event with none: one row, NULL), in the
-    same statement: the limit counts events, not audience rows. With `tenants`, only
-    those tenants of each audience."""
+    audience beside it (`audience`: a JSON array of tenants; NULL or empty for none), in
+    the same statement: the limit counts events. With `tenants`, only those tenants of
+    each audience. A subquery per event, so each is an index probe: joined instead, a
+    generic plan (the limit a parameter, guessed at 2,000 rows) hashed the whole
+    audience table on every relay read, a cost that grew with the outbox."""
     e = events.subquery("e")
-    on = EventAudience.seq == e.c.seq
+    audience = select(AudienceArray(EventAudience.tenant_id)).where(EventAudience.seq == e.c.seq)
     if tenants is not None:
-        on = on & EventAudience.tenant_id.in_(bindparam("tenants", expanding=True))
-    return (
-        select(e, EventAudience.tenant_id.label("audience_tenant"))
-        .select_from(e.outerjoin(EventAudience, on))
-        .order_by(e.c.tx, e.c.seq)
-    )
+        audience = audience.where(EventAudience.tenant_id.in_(bindparam("tenants", expanding=True)))
+    return select(e, audience.scalar_subquery().label("audience")).order_by(e.c.tx, e.c.seq)
 
 
 def _in_order(query: Select[Any]) -> Select[Any]:
@@ -284,6 +301,11 @@ def _uncovered_params(state: DeliveryState) -> dict[str, Any]:
     return params
 
 
+def read_uncovered_query(state: DeliveryState, *, limit: int) -> tuple[Select[Any], dict[str, Any]]:
+    """`read_uncovered`'s statement (built once per shape) and its parameters."""
+    return _READ_UNCOVERED[bool(state.ahead)], _uncovered_params(state) | {"limit": limit}
+
+
 async def read_events(
     executor: Executor,
     after: Position | int,
@@ -299,13 +321,29 @@ async def read_events(
     With `tenants`, only events whose audience holds one of them, and `audience` holds
     only those tenants; `pool_id` and `types` narrow further.
     """
+    query, params = read_events_query(
+        after, limit=limit, upto=upto, tenants=tenants, pool_id=pool_id, types=types
+    )
+    return await _events(executor, query, params)
+
+
+def read_events_query(
+    after: Position | int,
+    *,
+    limit: int,
+    upto: Position | None = None,
+    tenants: Collection[str] | None = None,
+    pool_id: str | None = None,
+    types: Collection[str] | None = None,
+) -> tuple[Select[Any], dict[str, Any]]:
+    """`read_events`' statement and its parameters."""
     query = select(Event.__table__).where(_after("after"), _VISIBLE)
     params: dict[str, Any] = {**_bound("after", as_position(after)), "limit": limit}
     if upto is not None:
         query = query.where(~_after("upto"))
         params.update(_bound("upto", upto))
     query, narrowed = _narrowed(query, tenants, pool_id, types)
-    return await _events(executor, _with_audiences(_in_order(query), tenants), params | narrowed)
+    return _with_audiences(_in_order(query), tenants), params | narrowed
 
 
 async def read_uncovered(
@@ -320,14 +358,12 @@ async def read_uncovered(
     snapshot than the read's could pass an event that committed between the two (seen:
     the two-process test lost events so). If one is visible now, the horizon given is 0
     (nothing settles; the next read takes it)."""
-    params = _uncovered_params(state)
-    rows = (
-        await executor.execute(_READ_UNCOVERED[bool(state.ahead)], params | {"limit": limit})
-    ).all()
+    query, params = read_uncovered_query(state, limit=limit)
+    rows = (await executor.execute(query, params)).all()
     if rows:
         horizon = int(rows[0].read_horizon)
     elif state.ahead:
-        row = (await executor.execute(_HORIZON_AND_UNCOVERED, params)).one()
+        row = (await executor.execute(_HORIZON_AND_UNCOVERED, _uncovered_params(state))).one()
         horizon = 0 if row[1] else int(row[0])
     else:
         horizon = 0  # nothing read, nothing to settle
@@ -389,17 +425,7 @@ async def _events(
 
 
 def _grouped(rows: Sequence[Any]) -> list[OutboxEvent]:
-    """The events of rows read with `_with_audiences`: an event's rows are adjacent (in
-    position order), one per tenant of its audience."""
-    audiences: dict[int, list[str]] = {}
-    firsts: list[Any] = []
-    for r in rows:
-        tenants = audiences.get(r.seq)
-        if tenants is None:
-            audiences[r.seq] = tenants = []
-            firsts.append(r)
-        if r.audience_tenant is not None:
-            tenants.append(r.audience_tenant)
+    """The events of rows read with `_with_audiences`, one row each."""
     return [
         OutboxEvent(
             seq=r.seq,
@@ -408,10 +434,10 @@ def _grouped(rows: Sequence[Any]) -> list[OutboxEvent]:
             tenant_id=r.tenant_id,
             occurred_at=r.occurred_at,
             data=dict(r.data),
-            audience=frozenset(audiences[r.seq]),
+            audience=frozenset(r.audience or ()),
             tx=r.tx,
         )
-        for r in firsts
+        for r in rows
     ]
 
 

@@ -1,0 +1,91 @@
+"""The relay's reads cost what they return, not what the outbox holds: each event's
+audience is an index probe per event read, in the plan PostgreSQL keeps for the prepared
+statement (a generic plan: the limit a parameter). Joined instead, that plan hashed the
+whole audience table on every read, a cost that grew with retention (default: every
+event kept). Real PostgreSQL, the reader's own statements, planned on a full outbox."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import Select, text
+
+from app.db.engine import Database
+from app.events.cursor import DeliveryState, Position
+from app.events.reader import read_events_query, read_uncovered_query
+
+pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # the planner's choice
+
+EVENTS = 20_000
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", ()):
+        found += _nodes(child)
+    return found
+
+
+async def _generic_plan(db: Database, statement: Select[Any], params: dict[str, Any]) -> list[Any]:
+    """The nodes of the plan PostgreSQL keeps for `statement` prepared (a generic plan)."""
+    expanded = statement.compile(dialect=db.writer.dialect).construct_expanded_state(params)
+    values = [expanded.parameters[name] for name in expanded.positiontup or ()]
+    async with db.writer.connect() as conn:
+        await conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        await conn.exec_driver_sql(f"PREPARE outbox_read AS {expanded.statement}")
+        arguments = ", ".join(f"'{v}'" if isinstance(v, str) else str(int(v)) for v in values)
+        found = (
+            await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) EXECUTE outbox_read({arguments})")
+        ).scalar_one()
+        await conn.exec_driver_sql("DEALLOCATE outbox_read")
+        await conn.rollback()
+    plan = json.loads(found) if isinstance(found, str) else found
+    return _nodes(plan[0]["Plan"])
+
+
+@pytest.fixture
+async def full_outbox(db: Database) -> None:
+    async with db.writer.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
+                " SELECT g, 'pool.updated', 'p' || (g % 50), 'acme', now(), '{}'"
+                " FROM generate_series(1, :n) AS g"
+            ),
+            {"n": EVENTS},
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO event_audience (seq, tenant_id)"
+                " SELECT seq, t FROM events, (VALUES ('acme'), ('guest')) AS a(t)"
+            )
+        )
+        await conn.execute(text("ANALYZE events"))
+        await conn.execute(text("ANALYZE event_audience"))
+
+
+SETTLED = Position(EVENTS - 5, 0)
+READS = {
+    "the relay's read": read_uncovered_query(DeliveryState(SETTLED), limit=500),
+    "the relay's read, events delivered ahead": read_uncovered_query(
+        DeliveryState(SETTLED, (Position(EVENTS - 2, EVENTS - 2),)), limit=500
+    ),
+    "a subscription's replay, its tenants' audiences": read_events_query(
+        SETTLED, limit=500, tenants=["acme"]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(READS))
+async def test_an_events_audience_is_read_by_index_whatever_the_outbox_holds(
+    db: Database, full_outbox: None, name: str
+) -> None:
+    statement, params = READS[name]
+    nodes = await _generic_plan(db, statement, params)
+    on_audience = [n for n in nodes if n.get("Relation Name") == "event_audience"]
+    assert on_audience, f"{name}: the plan reads no audience: {nodes}"
+    for node in on_audience:  # a probe by the event's seq, not a pass over the table
+        assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (name, node)
+        assert "seq = " in node.get("Index Cond", ""), (name, node)
