@@ -62,6 +62,27 @@ def terminate_backends(where: str) -> str:
     )
 
 
+async def refuse_database(name: str, within_s: float = 20.0) -> None:
+    """`ALTER DATABASE … ALLOW_CONNECTIONS false` and every session of it ended, until
+    none is left: a connection that passed its start-up checks before the ALTER
+    committed may not be in pg_stat_activity yet when the first termination runs, and
+    would go on answering (seen once under load: a 200 during the fault)."""
+    await admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    connection = await asyncpg.connect(postgres_dsn(), timeout=10)
+    try:
+        deadline = time.monotonic() + within_s
+        while True:
+            await connection.execute(terminate_backends(f"datname = '{name}'"))
+            left = await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+            )
+            if not left:
+                return
+            assert time.monotonic() < deadline, f"{left} sessions of {name} still open"
+    finally:
+        await connection.close()
+
+
 async def hold_lock(database_url: str, statement: str) -> Callable[[], Awaitable[None]]:
     """Run `statement` (a LOCK TABLE) in a transaction of a session of the test's own and
     keep it open; returns what rolls it back and closes the session."""

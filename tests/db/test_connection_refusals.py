@@ -29,7 +29,14 @@ from app.config import Settings
 from app.db.engine import Database, create_database
 from app.db.migrate import upgrade
 from tests.databases import direct_url
-from tests.db.faults import Load, admin, private_postgres, report, terminate_backends
+from tests.db.faults import (
+    Load,
+    admin,
+    private_postgres,
+    refuse_database,
+    report,
+    terminate_backends,
+)
 from tests.events.conftest import running, served
 from tests.support import Api, Fleet
 
@@ -105,12 +112,10 @@ async def test_a_database_not_accepting_connections_is_503(database_url: str, db
     token = await fleet.caller("acme", "viewer")
     await db.dispose()
     name = make_url(database_url).database
+    assert name is not None
 
     async def fault() -> None:
-        await admin(
-            f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
-            terminate_backends(f"datname = '{name}'"),
-        )
+        await refuse_database(name)
 
     async def heal() -> None:
         await admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
@@ -209,6 +214,7 @@ async def test_a_websocket_opened_while_the_database_refuses_closes_1013(
     token = await fleet.caller("acme", "viewer")
     await db.dispose()
     name = make_url(database_url).database
+    assert name is not None
 
     async def connect_once(address: str) -> tuple[int | None, list[dict[str, Any]]]:
         async with websockets_connect(
@@ -233,10 +239,7 @@ async def test_a_websocket_opened_while_the_database_refuses_closes_1013(
     try:
         # Direct: behind PgBouncer the refusal is PgBouncer's login retry, not 55000.
         async with served(Settings(database_url=direct_url(database_url))) as (_, address):
-            await admin(
-                f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
-                terminate_backends(f"datname = '{name}'"),
-            )
+            await refuse_database(name)
             code, seen = await connect_once(address)
             assert code == 1013, (code, seen)
             if protocol == "graphql-ws":  # the legacy protocol says why before closing
