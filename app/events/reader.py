@@ -269,7 +269,14 @@ def _with_audiences(events: Select[Any], tenants: Collection[str] | None) -> Sel
 
 
 def _in_order(query: Select[Any]) -> Select[Any]:
-    return query.order_by(Event.tx, Event.seq).limit(bindparam("limit", type_=BigInteger()))
+    """`query` in position order, at most `limit` rows. The limit is written into the
+    statement's text (one text per limit: a relay's batch size, a page's size): as a
+    parameter, PostgreSQL's generic plan guesses it at a tenth of the rows matched, a
+    third of the table for a position, and past a few thousand events read the table
+    by a parallel scan and a sort on every read; with the number it reads the index
+    from the position on."""
+    limit = bindparam("limit", type_=BigInteger(), literal_execute=True)
+    return query.order_by(Event.tx, Event.seq).limit(limit)
 
 
 def _uncovered(ahead: bool) -> ColumnElement[bool]:
