@@ -23,12 +23,14 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     ColumnElement,
+    Integer,
     Select,
     bindparam,
     delete,
     exists,
     insert,
     literal,
+    literal_column,
     select,
     true,
     tuple_,
@@ -214,13 +216,26 @@ async def issued_bounds(executor: Executor) -> tuple[Position, int | None]:
     return position, None if row[2] is None else int(row[2])
 
 
-_PENDING = select(exists().where(Event.tx >= Horizon()))
+def _any(where: ColumnElement[bool]) -> ColumnElement[bool]:
+    """Whether an event matches `where`, looked for by the index in position order. As
+    EXISTS, PostgreSQL's plan scanned the table from its first row, and the rows these
+    ask about are the newest: the whole outbox read, per call."""
+    first = select(Event.seq).where(where).order_by(Event.tx, Event.seq)
+    return first.limit(literal_column("1", Integer)).scalar_subquery().is_not(None)
+
+
+_PENDING = select(_any(Event.tx >= Horizon()))
 
 
 async def committed_above_horizon(executor: Executor) -> bool:
     """Whether committed events wait above the horizon (a transaction with a smaller id is
     still running): a reader that has read everything below it should look again soon."""
-    return bool((await executor.execute(_PENDING)).scalar_one())
+    return bool((await executor.execute(*committed_above_horizon_query())).scalar_one())
+
+
+def committed_above_horizon_query() -> tuple[Select[bool], dict[str, Any]]:
+    """`committed_above_horizon`'s statement (it binds nothing)."""
+    return _PENDING, {}
 
 
 def _after(prefix: str) -> ColumnElement[bool]:
@@ -298,7 +313,7 @@ _READ_UNCOVERED = {
     )
     for ahead in (False, True)
 }
-_HORIZON_AND_UNCOVERED = select(Horizon(), exists().where(_uncovered(True)))
+_HORIZON_AND_UNCOVERED = select(Horizon(), _any(_uncovered(True)))
 
 
 def _uncovered_params(state: DeliveryState) -> dict[str, Any]:
@@ -311,6 +326,14 @@ def _uncovered_params(state: DeliveryState) -> dict[str, Any]:
 def read_uncovered_query(state: DeliveryState, *, limit: int) -> tuple[Select[Any], dict[str, Any]]:
     """`read_uncovered`'s statement (built once per shape) and its parameters."""
     return _READ_UNCOVERED[bool(state.ahead)], _uncovered_params(state) | {"limit": limit}
+
+
+def horizon_and_uncovered_query(
+    state: DeliveryState,
+) -> tuple[Select[int, bool], dict[str, Any]]:
+    """`read_uncovered`'s second statement (nothing read, D not empty) and its parameters:
+    the horizon, and whether any event `state` does not cover is visible."""
+    return _HORIZON_AND_UNCOVERED, _uncovered_params(state)
 
 
 async def read_events(
@@ -370,7 +393,7 @@ async def read_uncovered(
     if rows:
         horizon = int(rows[0].read_horizon)
     elif state.ahead:
-        row = (await executor.execute(_HORIZON_AND_UNCOVERED, _uncovered_params(state))).one()
+        row = (await executor.execute(*horizon_and_uncovered_query(state))).one()
         horizon = 0 if row[1] else int(row[0])
     else:
         horizon = 0  # nothing read, nothing to settle
