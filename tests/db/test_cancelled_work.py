@@ -17,6 +17,7 @@ from sqlalchemy import text
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.db.uow import UnitOfWork
+from tests.db.faults import postgres_dsn
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # a statement to cancel
 
@@ -49,7 +50,7 @@ async def _running(dsn: str) -> int:
 async def test_a_unit_of_work_cancelled_mid_statement_leaves_its_connection_fit(
     one_connection: Database, database_url: str
 ) -> None:
-    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    dsn = postgres_dsn(database_url)  # the server itself, never through a PgBouncer
 
     async def sleeps() -> None:
         async with UnitOfWork(one_connection) as uow:
