@@ -375,7 +375,13 @@ POOL_SIZE = 16
 
 @asynccontextmanager
 async def postgresql_pool() -> AsyncIterator[Fetch]:
-    pool = await asyncpg.create_pool(os.environ["BENCH_FLOOR_DSN"], max_size=POOL_SIZE)
+    pool = await asyncpg.create_pool(
+        os.environ["BENCH_FLOOR_DSN"],
+        max_size=POOL_SIZE,
+        # As the service's connections (app/db/direct.py NO_JIT): a floor slowed by JIT
+        # compiling a large statement would flatter the service.
+        server_settings={"jit": "off"},
+    )
     try:
         yield pool.fetchval
     finally:

@@ -372,6 +372,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         min_size=settings.db_pool_size,
         max_size=settings.db_pool_size + settings.db_max_overflow,
         reset=_no_reset,
+        server_settings={"jit": "off"},  # as the service's (app/db/direct.py NO_JIT)
     )
     try:
         yield

@@ -29,8 +29,8 @@ Behind PgBouncer in transaction mode (a PostgreSQL URL with `?pgbouncer=true`, R
 "Connection budget") a server connection serves one transaction and then another client:
 nothing may outlive a transaction. So statements are not cached per connection and each
 prepared statement gets a unique name (SQLAlchemy's asyncpg "Prepared Statement Name with
-PGBouncer"), and statement_timeout, a startup parameter PgBouncer refuses, is set with
-SET LOCAL at the start of each transaction instead.
+PGBouncer"), and statement_timeout and jit (app/db/direct.py NO_JIT), startup parameters
+PgBouncer refuses, are set for the transaction at its start instead, in one statement.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 
 from app.config import Settings
 from app.db import direct_sqlite
-from app.db.direct import DirectReads
+from app.db.direct import NO_JIT, DirectReads
 from app.db.direct_sqlite import DirectSQLiteReads
 from app.db.embedded import SQL_FUNCTIONS, busy_timeout_ms, connection_pragmas, sqlite_file
 from app.db.session_statements import DriverStatements, SessionStatements, driver_statements
@@ -230,7 +230,7 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
     if pgbouncer:
         connect_args |= pgbouncer_connect_args()
     else:
-        connect_args["server_settings"] = {"statement_timeout": statement_timeout}
+        connect_args["server_settings"] = {"statement_timeout": statement_timeout, **NO_JIT}
         # asyncpg's own cache holds what runs through it alone: the compiled reads when
         # they use this pool (SQLAlchemy prepares its statements in its own cache).
         connect_args["statement_cache_size"] = s.db_prepared_statements_per_connection
@@ -251,8 +251,12 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(connection: Any) -> None:
-            # SET LOCAL ends with the transaction, as the server connection's loan does.
-            connection.exec_driver_sql(f"SET LOCAL statement_timeout = {statement_timeout}")
+            # SET LOCAL ends with the transaction, as the server connection's loan does;
+            # both settings in one statement (one round trip per transaction).
+            connection.exec_driver_sql(
+                f"SELECT set_config('statement_timeout', '{statement_timeout}', true),"
+                " set_config('jit', 'off', true)"
+            )
 
     direct = None
     if not pgbouncer and s.db_direct_pool_size > 0:

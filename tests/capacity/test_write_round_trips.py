@@ -149,7 +149,7 @@ async def test_pool_writes_take_constant_round_trips(
     print(f"{dialect}: statements per pool write, 1 offer (the owner's) of 1 resource: {small}")
     print(f"{dialect}: statements per pool write, 20 offers of 5 resources: {large}")
     assert small == large
-    # Behind PgBouncer each transaction begins with SET LOCAL statement_timeout
+    # Behind PgBouncer each transaction begins by setting statement_timeout and jit
     # (app/db/engine.py): one statement more per write.
     extra = int(app.state.db.pooled_by_transaction)
     assert small == {write: n + extra for write, n in STATEMENTS[dialect].items()}

@@ -81,7 +81,7 @@ async def test_statements_do_not_grow_with_the_page(app: Starlette, api: Api, fl
     if app.state.settings.compiled_reads:
         # The compiled statement alone, on both dialects: on PostgreSQL's direct pool (or
         # its engine's connection), or behind PgBouncer in a transaction that begins with
-        # SET LOCAL statement_timeout (app/db/engine.py); on SQLite on its own
+        # its transaction-local settings (app/db/engine.py); on SQLite on its own
         # connections (or the read pool's), outside a transaction.
         pooled = capacity.db.pooled_by_transaction
         assert counts[1] == (2 if pooled else 1), counts
