@@ -397,7 +397,7 @@ async def read_uncovered(
         horizon = 0 if row[1] else int(row[0])
     else:
         horizon = 0  # nothing read, nothing to settle
-    return _grouped(rows), horizon
+    return _outbox_events(rows), horizon
 
 
 async def read_between(
@@ -451,10 +451,10 @@ def _narrowed(
 async def _events(
     executor: Executor, query: Select[Any], params: dict[str, Any]
 ) -> list[OutboxEvent]:
-    return _grouped((await executor.execute(query, params)).all())
+    return _outbox_events((await executor.execute(query, params)).all())
 
 
-def _grouped(rows: Sequence[Any]) -> list[OutboxEvent]:
+def _outbox_events(rows: Sequence[Any]) -> list[OutboxEvent]:
     """The events of rows read with `_with_audiences`, one row each."""
     return [
         OutboxEvent(
