@@ -31,8 +31,8 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.capacity.inputs import Agent, PoolClass, Sharing
-from app.capacity.json_sql import per_dialect
 from app.capacity.shapes import RowsKind
+from app.db.dialect_sql import per_dialect
 from app.db.models import CapacityRow, Offer, Pool, QuotaRow, Reservation
 
 # --- how values render ------------------------------------------------------------------

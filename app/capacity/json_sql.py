@@ -67,6 +67,7 @@ from sqlalchemy.sql.util import ClauseAdapter
 from sqlalchemy.sql.visitors import InternalTraversal, iterate
 
 from app.capacity.paging import encode_cursor
+from app.db.dialect_sql import per_dialect
 from app.db.embedded import define_sql_function
 
 log = logging.getLogger(__name__)
@@ -81,19 +82,6 @@ DIALECTS: dict[str, Dialect] = {
 def sql_literal(value: str) -> ColumnElement[Any]:
     """A string as a literal of the statement's text (not a parameter): keys, constants."""
     return literal_column("'" + value.replace("'", "''") + "'")
-
-
-def per_dialect(element: type[FunctionElement[Any]], **templates: str) -> None:
-    """Compile `element` on each dialect named by `templates`: its one argument (or its
-    arguments, comma separated) where the template says `{0}`."""
-    for dialect, template in templates.items():
-
-        def render(
-            e: FunctionElement[Any], compiler: SQLCompiler, template: str = template, **kw: Any
-        ) -> str:
-            return template.format(compiler.process(e.clauses, **kw))
-
-        compiles(element, dialect)(render)
 
 
 class JsonObject(FunctionElement[Any]):

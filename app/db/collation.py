@@ -5,12 +5,10 @@ marks, app/events/usage.py; lending's ties, app/capacity/read_rules.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import String
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+
+from app.db.dialect_sql import per_dialect
 
 
 class CodePoint(FunctionElement[str]):
@@ -21,11 +19,5 @@ class CodePoint(FunctionElement[str]):
     inherit_cache = True
 
 
-@compiles(CodePoint)
-def _code_point(element: CodePoint, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.clauses, **kw)  # SQLite's BINARY collation
-
-
-@compiles(CodePoint, "postgresql")
-def _code_point_postgresql(element: CodePoint, compiler: SQLCompiler, **kw: Any) -> str:
-    return f'({compiler.process(element.clauses, **kw)} COLLATE "C")'
+# SQLite's default collation (BINARY) orders by code point already.
+per_dialect(CodePoint, default="{0}", postgresql='({0} COLLATE "C")')

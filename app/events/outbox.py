@@ -33,10 +33,9 @@ from typing import Any, Final
 from sqlalchemy import BigInteger, Table, bindparam, func, insert, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
+from app.db.dialect_sql import per_dialect
 from app.db.models import Event, EventAudience, Pool, utcnow
 from app.db.session_statements import SessionStatements
 from app.events.cursor import Position
@@ -63,14 +62,7 @@ class CurrentTx(FunctionElement[int]):
     inherit_cache = True
 
 
-@compiles(CurrentTx)
-def _current_tx(element: CurrentTx, compiler: SQLCompiler, **kw: Any) -> str:
-    return "0"
-
-
-@compiles(CurrentTx, "postgresql")
-def _current_tx_pg(element: CurrentTx, compiler: SQLCompiler, **kw: Any) -> str:
-    return "pg_current_xact_id()::text::bigint"
+per_dialect(CurrentTx, default="0", postgresql="pg_current_xact_id()::text::bigint")
 
 
 def note_pool_lock(tx: AsyncSession | SessionStatements, pool_id: str) -> None:

@@ -36,10 +36,9 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
+from app.db.dialect_sql import per_dialect
 from app.db.engine import Executor
 from app.db.models import Event, EventAudience, EventsPruned
 from app.events.cursor import (
@@ -59,11 +58,6 @@ class Horizon(FunctionElement[int]):
     type = BigInteger()
     name = "event_horizon"
     inherit_cache = True
-
-
-@compiles(Horizon)
-def _horizon(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return str(BIGINT_MAX)
 
 
 # The horizon of this database's transactions (docs/decisions/0012, "A horizon per
@@ -88,9 +82,7 @@ PG_HORIZON = (
 PG_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 
 
-@compiles(Horizon, "postgresql")
-def _horizon_pg(element: Horizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return PG_HORIZON
+per_dialect(Horizon, default=str(BIGINT_MAX), postgresql=PG_HORIZON)
 
 
 def _position() -> ColumnElement[Any]:
@@ -187,14 +179,7 @@ class NextXid(FunctionElement[int]):
     inherit_cache = True
 
 
-@compiles(NextXid)
-def _next_xid(element: NextXid, compiler: SQLCompiler, **kw: Any) -> str:
-    return "NULL"
-
-
-@compiles(NextXid, "postgresql")
-def _next_xid_pg(element: NextXid, compiler: SQLCompiler, **kw: Any) -> str:
-    return PG_NEXT_XID
+per_dialect(NextXid, default="NULL", postgresql=PG_NEXT_XID)
 
 
 _LATEST = select(Event.tx, Event.seq).order_by(Event.tx.desc(), Event.seq.desc()).limit(1)
@@ -259,14 +244,7 @@ class AudienceArray(FunctionElement[Any]):
     inherit_cache = True
 
 
-@compiles(AudienceArray)
-def _audience_array(element: AudienceArray, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"json_group_array({compiler.process(element.clauses, **kw)})"
-
-
-@compiles(AudienceArray, "postgresql")
-def _audience_array_pg(element: AudienceArray, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"json_agg({compiler.process(element.clauses, **kw)})"
+per_dialect(AudienceArray, default="json_group_array({0})", postgresql="json_agg({0})")
 
 
 def _with_audiences(events: Select[Any], tenants: Collection[str] | None) -> Select[Any]:

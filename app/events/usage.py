@@ -55,11 +55,10 @@ from sqlalchemy import (
     true,
     union_all,
 )
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.collation import CodePoint
+from app.db.dialect_sql import per_dialect
 from app.db.engine import Executor
 from app.db.models import CapacityRow, QuotaRow
 from app.events.reader import PG_HORIZON
@@ -82,14 +81,9 @@ class UsageStamp(FunctionElement[int]):
     inherit_cache = True
 
 
-@compiles(UsageStamp)
-def _stamp(element: UsageStamp, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"({_SQLITE_NEWEST})"
-
-
-@compiles(UsageStamp, "postgresql")
-def _stamp_pg(element: UsageStamp, compiler: SQLCompiler, **kw: Any) -> str:
-    return "pg_current_xact_id()::text::bigint"
+per_dialect(
+    UsageStamp, default=f"({_SQLITE_NEWEST})", postgresql="pg_current_xact_id()::text::bigint"
+)
 
 
 class UsageHorizon(FunctionElement[int]):
@@ -100,14 +94,8 @@ class UsageHorizon(FunctionElement[int]):
     inherit_cache = True
 
 
-@compiles(UsageHorizon)
-def _horizon(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"({_SQLITE_NEWEST})"
-
-
-@compiles(UsageHorizon, "postgresql")
-def _horizon_pg(element: UsageHorizon, compiler: SQLCompiler, **kw: Any) -> str:
-    return PG_HORIZON  # the outbox's: this database's transactions only
+# On PostgreSQL the outbox's horizon: this database's transactions only.
+per_dialect(UsageHorizon, default=f"({_SQLITE_NEWEST})", postgresql=PG_HORIZON)
 
 
 @dataclass(frozen=True, slots=True, order=True)
