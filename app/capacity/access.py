@@ -155,8 +155,13 @@ async def lock_owned_pool_with_offers(
     )
     if found is None:
         return pool, None
-    names = OfferQuota._fields
-    return pool, [OfferQuota(*(getattr(r, f"joined_{name}") for name in names)) for r in found]
+    return pool, [OfferQuota(*values) for values in joined_values(found, OfferQuota._fields)]
+
+
+def joined_values(rows: Sequence[Row[Any]], names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The columns `names` of the rows `lock_owned_pool_with` gave (`locking_with` labels
+    them `joined_<name>`), in that order."""
+    return [tuple(getattr(r, f"joined_{name}") for name in names) for r in rows]
 
 
 async def _locked(

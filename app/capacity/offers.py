@@ -28,6 +28,7 @@ from sqlalchemy.sql.elements import BindParameter
 from app.capacity.access import (
     LockedPool,
     check_version,
+    joined_values,
     lock_owned_pool_row,
     lock_owned_pool_with,
     locking_with,
@@ -41,6 +42,7 @@ from app.capacity.pool_rows import forget_loaded, sync_loaded, write_pool
 from app.capacity.projection import (
     among,
     authz_values,
+    for_tenants,
     put_authz_row,
     remove_authz_rows,
     removing_authz_rows,
@@ -181,8 +183,7 @@ def _dropping_withdrawn(tenants: BindParameter[Any] | Select[Any]) -> Update:
     )
 
 
-_DROP_WITHDRAWN = _dropping_withdrawn(bindparam("tenants", expanding=True))
-_DROP_WITHDRAWN_ONE = _dropping_withdrawn(bindparam("tenant"))  # an unoffer's
+_DROP_WITHDRAWN = for_tenants(_dropping_withdrawn)
 # An archive's withdrawal on PostgreSQL: the guests' offers, authz rows and quota maxima
 # in one statement, the same three writes with the deleted offers' tenants as their list
 # (of one snapshot: none of them reads what another writes). It answers the guests.
@@ -214,6 +215,7 @@ def _offer_with_quotas(pool: Any, tenant: Any) -> Select[Any]:
 # Built once: alone (bound: pool_key, tenant), and read with the pool's lock (an unoffer's;
 # bound: pool_id, to_tenant).
 _OFFER_WITH_QUOTAS = _offer_with_quotas(bindparam("pool_key"), bindparam("tenant"))
+_OFFER_COLUMNS = tuple(_OFFER_WITH_QUOTAS.selected_columns.keys())
 _HELD_OFFER = _offer_with_quotas(bindparam("pool_id"), bindparam("to_tenant")).subquery("held")
 _LOCK_WITH_OFFER = locking_with(
     _HELD_OFFER, (_HELD_OFFER.c.resource,), _HELD_OFFER.c.include_descendants
@@ -303,14 +305,8 @@ async def _withdrawn(
     forgets the withdrawn offers it had loaded (a fleet apply's), and gives its loaded
     quota rows their new maxima."""
     await remove_authz_rows(statements, pool_id, tenant_ids, sent=sent)
-    if not sent and len(tenant_ids) == 1:
-        await statements.write_later(
-            _DROP_WITHDRAWN_ONE, {"pool_key": pool_id, "tenant": tenant_ids[0]}
-        )
-    elif not sent:
-        await statements.write_later(
-            _DROP_WITHDRAWN, {"pool_key": pool_id, "tenants": list(tenant_ids)}
-        )
+    if not sent:
+        await statements.write_later(*_DROP_WITHDRAWN.bound(pool_id, tenant_ids))
     gone = set(tenant_ids)
     forget_loaded(statements, Offer, lambda o: o.pool_id == pool_id and o.tenant_id in gone)
     sync_loaded(
@@ -484,13 +480,9 @@ async def unoffer_pool(
         return await unoffer_impact(uow.session, principal, pool, inp.to_tenant_id)
     if held is None:
         at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
-        found = [
-            (r.include_descendants, r.priority, r.resource, r.max)
-            for r in await uow.statements.execute(_OFFER_WITH_QUOTAS, at)
-        ]
+        found = [tuple(r) for r in await uow.statements.execute(_OFFER_WITH_QUOTAS, at)]
     else:
-        names = ("include_descendants", "priority", "resource", "max")
-        found = [tuple(getattr(r, f"joined_{name}") for name in names) for r in held]
+        found = joined_values(held, _OFFER_COLUMNS)
     if not found:  # no such offer
         return False
     include_descendants, priority = found[0][:2]

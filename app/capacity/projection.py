@@ -4,11 +4,13 @@ offer, removed on unoffer and archive, refreshed on update, always beside the of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Delete, Select, Table, bindparam, delete, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from app.capacity.access import LockedPool
@@ -96,6 +98,26 @@ def among(column: Any, tenants: BindParameter[Any] | Select[Any]) -> ColumnEleme
     return cast(ColumnElement[bool], column.in_(tenants))
 
 
+@dataclass(frozen=True, slots=True)
+class ForTenants:
+    """A write over some tenants of a pool (bound: `pool_key`), built once for one tenant
+    and once for a list (`among` makes the one a plain `=`)."""
+
+    one: UpdateBase
+    some: UpdateBase
+
+    def bound(self, pool_id: str, tenant_ids: Sequence[str]) -> tuple[UpdateBase, dict[str, Any]]:
+        """The statement for these tenants, with its parameters."""
+        if len(tenant_ids) == 1:
+            return self.one, {"pool_key": pool_id, "tenant": tenant_ids[0]}
+        return self.some, {"pool_key": pool_id, "tenants": list(tenant_ids)}
+
+
+def for_tenants(build: Callable[[BindParameter[Any]], UpdateBase]) -> ForTenants:
+    """`build`'s statement for one tenant and for a list, each built once."""
+    return ForTenants(build(bindparam("tenant")), build(bindparam("tenants", expanding=True)))
+
+
 def removing_authz_rows(tenants: BindParameter[Any] | Select[Any]) -> Delete:
     """Some tenants' authz rows of a pool: `tenants` as `among` takes them (an archive's
     withdrawn guests a subquery, app/capacity/offers.py)."""
@@ -104,9 +126,7 @@ def removing_authz_rows(tenants: BindParameter[Any] | Select[Any]) -> Delete:
     )
 
 
-# Built once: for some tenants, and for one (an unoffer's).
-_REMOVE = removing_authz_rows(bindparam("tenants", expanding=True))
-_REMOVE_ONE = removing_authz_rows(bindparam("tenant"))
+_REMOVE = for_tenants(removing_authz_rows)
 
 
 async def remove_authz_rows(
@@ -117,12 +137,8 @@ async def remove_authz_rows(
     `sent`: the rows went in a statement of the caller's (`removing_authz_rows`)."""
     gone = set(tenant_ids)
     forget_loaded(statements, AuthzRow, lambda r: r.pool_id == pool_id and r.tenant_id in gone)
-    if sent:
-        return
-    if len(tenant_ids) == 1:
-        await statements.write_later(_REMOVE_ONE, {"pool_key": pool_id, "tenant": tenant_ids[0]})
-    else:
-        await statements.write_later(_REMOVE, {"pool_key": pool_id, "tenants": list(tenant_ids)})
+    if not sent:
+        await statements.write_later(*_REMOVE.bound(pool_id, tenant_ids))
 
 
 # Every authz row of a pool, its gpuModel set; built once.
