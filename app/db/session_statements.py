@@ -412,7 +412,10 @@ class SessionStatements:
 
     async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
         """`statement` once per row, as one executemany on the plain path; a single row
-        as `execute` runs it (the driver path, where the fence allows)."""
+        as `execute` runs it (the driver path, where the fence allows); no rows, nothing
+        (an executemany of none would run the statement once, with no values)."""
+        if not rows:
+            return
         if len(rows) == 1:
             await self.execute(statement, rows[0])
             return
