@@ -175,8 +175,14 @@ class TestDatabases:
         self._postgres_databases = []
         self._migrated.clear()
         if self._pgbouncer is not None:
-            self._pgbouncer.stop()
-            self._pgbouncer = None
+            bouncer, self._pgbouncer = self._pgbouncer, None
+            code = bouncer.process.poll()
+            died = None if code is None else bouncer.log()[-2000:]
+            bouncer.stop()
+            if died is not None:
+                # Every test after it failed to connect: say why, once, with its own log
+                # (which stop() deletes with its directory).
+                raise RuntimeError(f"pgbouncer exited during the run (code {code}): {died}")
 
     def _postgres_admin(self) -> AsyncEngine:
         return create_async_engine(
