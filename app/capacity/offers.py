@@ -47,7 +47,7 @@ from app.capacity.projection import (
     remove_authz_rows,
     removing_authz_rows,
 )
-from app.capacity.reads import quota_view
+from app.capacity.reads import OfferQuota, owner_offer_locking_quotas, quota_view
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import OFFER_POOL, UNOFFER_POOL
 from app.db.engine import Executor
@@ -186,12 +186,21 @@ def _dropping_withdrawn(tenants: BindParameter[Any] | Select[Any]) -> Update:
 _DROP_WITHDRAWN = for_tenants(_dropping_withdrawn)
 # An archive's withdrawal on PostgreSQL: the guests' offers, authz rows and quota maxima
 # in one statement, the same three writes with the deleted offers' tenants as their list
-# (of one snapshot: none of them reads what another writes). It answers the guests.
+# (of one snapshot: none of them reads what another writes). It answers the guests
+# (`removed`, one array) beside the owner's offer with its quota rows, locked by the same
+# statement (reads.owner_offer_locking_quotas): what the archive answers.
 _GONE = _DELETE_GUEST_OFFERS.cte("gone")
 _GONE_TENANTS = select(_GONE.c.tenant_id)
-_WITHDRAW_GUESTS = _GONE_TENANTS.add_cte(
-    removing_authz_rows(_GONE_TENANTS).cte("authz_gone"),
-    _dropping_withdrawn(_GONE_TENANTS).cte("quotas_dropped"),
+_REMOVED = select(func.array_agg(_GONE.c.tenant_id).label("removed")).subquery("removed")
+_OWN, _OWN_ORDER = owner_offer_locking_quotas(bindparam("pool_key"), bindparam("owner"))
+_WITHDRAW_GUESTS = (
+    select(_REMOVED.c.removed, *(_OWN.c[name] for name in OfferQuota._fields))
+    .select_from(_REMOVED.outerjoin(_OWN, true()))
+    .order_by(*_OWN_ORDER)
+    .add_cte(
+        removing_authz_rows(_GONE_TENANTS).cte("authz_gone"),
+        _dropping_withdrawn(_GONE_TENANTS).cte("quotas_dropped"),
+    )
 )
 
 
@@ -284,17 +293,28 @@ async def withdraw_offer(statements: SessionStatements, pool_id: str, tenant_id:
     await _withdrawn(statements, pool_id, [tenant_id])
 
 
-async def withdraw_guest_offers(statements: SessionStatements, pool: LockedPool) -> list[str]:
+async def withdraw_guest_offers(
+    statements: SessionStatements, pool: LockedPool
+) -> tuple[list[str], list[OfferQuota] | None]:
     """Remove every offer but the owner's, each as `withdraw_offer` removes one, in the
-    same statements however many there are; returns the guests, in tenant order. On
-    PostgreSQL one statement (`_WITHDRAW_GUESTS`): its quota rows are locked in it, still
-    before the archive's capacity rows (docs/decisions/0004, "Deadlocks")."""
+    same statements however many there are; returns the guests, in tenant order, and on
+    PostgreSQL the owner's offer with its quota rows (as reads.offers_of_pool gives them),
+    else None. On PostgreSQL one statement (`_WITHDRAW_GUESTS`): it locks the guests'
+    quota rows and the owner's, still before the archive's capacity rows
+    (docs/decisions/0004, "Deadlocks"); every quota row of the pool is then held, so no
+    booking changes the owner's rows before the archive commits, and they are its answer."""
     at = {"pool_key": pool.id, "owner": pool.tenant_id}
-    one = statements.dialect == "postgresql"
-    removed = await statements.execute(_WITHDRAW_GUESTS if one else _DELETE_GUEST_OFFERS, at)
-    guests = sorted(removed.scalars())
-    await _withdrawn(statements, pool.id, guests, sent=one)  # with none, as many statements
-    return guests
+    if statements.dialect != "postgresql":
+        removed = await statements.execute(_DELETE_GUEST_OFFERS, at)
+        guests = sorted(removed.scalars())
+        await _withdrawn(statements, pool.id, guests)  # with none, as many statements
+        return guests, None
+    found = (await statements.execute(_WITHDRAW_GUESTS, at)).all()
+    guests = sorted(found[0].removed or ())
+    fields = OfferQuota._fields
+    own = [OfferQuota(*(getattr(r, f) for f in fields)) for r in found if r.tenant_id is not None]
+    await _withdrawn(statements, pool.id, guests, sent=True)
+    return guests, own
 
 
 async def _withdrawn(

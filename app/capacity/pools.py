@@ -472,13 +472,15 @@ async def archive_pool(
         return await archive_impact(uow.session, principal, pool)
     if pool.archived:
         return await owned_pool_detail(uow.statements, principal, pool)
-    removed = await withdraw_guest_offers(uow.statements, pool)
+    # On PostgreSQL with the owner's offer and quota rows, for the answer, locked by the
+    # same statement: their last commit's values, final while the archive holds them.
+    removed, own = await withdraw_guest_offers(uow.statements, pool)
     # Bookings check the pool's state while holding these rows: once we hold them, every
     # booking still to commit will see the archive (docs/decisions/0004).
     await lock_capacity_rows(uow.statements, pool.id)
-    # The owner's offer and quota rows, for the answer: read before the pool's row is
+    # Else read now, after the capacity rows are held, and before the pool's row is
     # written, so that its UPDATE rides in the event's INSERT (the archive changes none).
-    parts = await owned_parts(uow.statements, principal, pool)
+    parts = await owned_parts(uow.statements, principal, pool, own)
     archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
     pool = await write_pool(uow.statements, pool, archived)
     uow.emit(

@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
-from sqlalchemy import Column, ColumnElement, Row, Select, Subquery, bindparam, exists, select
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Row,
+    Select,
+    Subquery,
+    and_,
+    bindparam,
+    exists,
+    select,
+)
+from sqlalchemy.sql.util import ClauseAdapter
 
 from app.capacity.fields import OFFER, POOL, RESERVATION_ORDER, Value
 from app.capacity.labels import Requirement, selector_clause
@@ -409,6 +420,29 @@ def offers_of_pool(pool_id: Any) -> tuple[Subquery, tuple[Any, ...]]:
     reads them beside another (access.lock_owned_pool_with_offers)."""
     offers = _offer_quotas(Offer.pool_id == pool_id).subquery("offer_quotas")
     return offers, tuple(offers.corresponding_column(cast(Any, c)) for c in _OFFER_QUOTA_ORDER)
+
+
+def owner_offer_locking_quotas(pool_id: Any, owner: Any) -> tuple[Subquery, tuple[Any, ...]]:
+    """`offers_of_pool`'s rows for the owner's offer alone (`owner`, a parameter), its quota
+    rows locked (FOR UPDATE, in their order) by a CTE the same statement joins instead of
+    the table: the rows as the last commit left them, and no booking changes them until
+    the lock's transaction ends (an archive's answer: offers.withdraw_guest_offers).
+    Derived from `_offer_quotas`, so its columns, join and order are the read's own."""
+    quotas = QuotaRow.__table__
+    locked = (
+        select(quotas)
+        .where(quotas.c.pool_id == pool_id, quotas.c.tenant_id == owner)
+        .order_by(*OFFER.relation("quotas").order)
+        .with_for_update()
+        .cte("own_quotas")
+    )
+    read = _offer_quotas(and_(Offer.pool_id == pool_id, Offer.tenant_id == owner))
+    adapt = ClauseAdapter(locked)
+    rows = adapt.traverse(read).subquery("own_offer")
+    order = tuple(
+        rows.corresponding_column(adapt.traverse(cast(Any, c))) for c in _OFFER_QUOTA_ORDER
+    )
+    return rows, order
 
 
 async def offers_of(

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.engine import Database
-from tests.rest.scene import Scene
+from tests.rest.scene import Scene, offers, quotas
 from tests.support import Api, Fleet
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # interleaving writers
@@ -86,8 +86,33 @@ async def test_an_archive_waits_for_the_booking_in_flight(
     booked, archived = await asyncio.wait_for(asyncio.gather(booking, archive), DEADLINE_S)
     assert booked.status_code == 200, booked.text
     assert archived.json()["pool"]["archived"] is True, archived.text
-    # The booking committed first, so the archive left it in place.
+    # The booking committed first, so the archive left it in place, and counts it.
     assert (await s.capacity(pool_id))["gpu"]["booked"] == 1
+    assert quotas(archived.json()["pool"])["gpu"][1] == 1, archived.text
+
+
+async def test_an_archive_answers_the_quota_rows_as_the_last_booking_left_them(
+    api: Api, fleet: Fleet, db: Database
+) -> None:
+    """The archive's answer counts a booking that held the owner's quota row when the
+    archive read it: the archive waits for the row, then answers its newest version (on
+    PostgreSQL its withdrawal locks the owner's rows: offers._WITHDRAW_GUESTS)."""
+    s = await Scene.start(api, fleet)
+    pool_id = await _pool(s)
+    async with db.writer.connect() as holder:
+        # A booking's first step, by hand: the owner's quota row updated, not yet committed.
+        await holder.execute(
+            text("UPDATE quota_rows SET used = used + 1 WHERE pool_id = :pool AND tenant_id = :t"),
+            {"pool": pool_id, "t": s.owner},
+        )
+        archive = _start(s.api.post(s.token, "pools/archive", s.body(pool_id)))
+        await _until_waiting(db, 1, archive)
+        await holder.commit()
+    archived = await asyncio.wait_for(archive, DEADLINE_S)
+    assert archived.status_code == 200, archived.text
+    answered = archived.json()["pool"]
+    assert quotas(answered)["gpu"][1] == 1, answered
+    assert offers(answered)[s.owner]["quotas"][0]["used"] == 1, answered
 
 
 async def test_a_booking_behind_an_archive_is_refused(api: Api, fleet: Fleet, db: Database) -> None:
