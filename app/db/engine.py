@@ -56,6 +56,14 @@ log = logging.getLogger(__name__)
 
 # The engine's reader keeps this many SQLite connections; the direct reads at most as many.
 SQLITE_READERS = 4
+# The relay's own connections (PostgreSQL): its drain, one wake-up at a time, and its
+# usage rounds; taken out of DB_POOL_SIZE, so a process's budget is unchanged (none when
+# the pool is no larger: the relay then reads on the pool).
+RELAY_CONNECTIONS = 2
+# What they plan: each read for its own position. A prepared statement's generic plan,
+# made while the outbox was small (a scan and a sort of the whole table), was kept on its
+# connection as the outbox grew (docs/performance.md "Figures").
+RELAY_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 # What a read runs on: a connection, a unit of work's session, or its statements.
 Executor = AsyncConnection | AsyncSession | SessionStatements
@@ -114,6 +122,8 @@ class Database:
     driver: DriverStatements | None = None
     # The embedded SQLite file: the compiled reads' statements, one hand-off each.
     sqlite_reads: DirectSQLiteReads | None = None
+    # PostgreSQL (not behind PgBouncer): the event relay's reads (RELAY_SETTINGS).
+    relay: AsyncEngine | None = None
 
     @cached_property  # asked on every compiled read; an engine's dialect never changes
     def dialect(self) -> str:
@@ -133,6 +143,8 @@ class Database:
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
+        if self.relay is not None:
+            await self.relay.dispose()
 
 
 def configure_sqlite(
@@ -234,9 +246,10 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         # asyncpg's own cache holds what runs through it alone: the compiled reads when
         # they use this pool (SQLAlchemy prepares its statements in its own cache).
         connect_args["statement_cache_size"] = s.db_prepared_statements_per_connection
+    relay_apart = not pgbouncer and s.db_pool_size > RELAY_CONNECTIONS
     engine = create_async_engine(
         target,
-        pool_size=s.db_pool_size,
+        pool_size=s.db_pool_size - (RELAY_CONNECTIONS if relay_apart else 0),
         max_overflow=s.db_max_overflow,
         pool_timeout=s.db_acquire_timeout_s,
         # Behind PgBouncer the pool still pings: without it the PgBouncer suite met an
@@ -270,4 +283,16 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             command_timeout_s=s.db_statement_timeout_s + _CLIENT_STATEMENT_MARGIN_S,
         )
     driver = None if pgbouncer else driver_statements(engine.dialect, enabled=s.compiled_reads)
-    return Database(url, engine, engine, direct, driver)
+    relay = None
+    if relay_apart:
+        server_settings = {**connect_args["server_settings"], **RELAY_SETTINGS}
+        relay = create_async_engine(
+            target,
+            pool_size=RELAY_CONNECTIONS,
+            max_overflow=0,
+            pool_timeout=s.db_acquire_timeout_s,
+            hide_parameters=True,
+            connect_args={**connect_args, "server_settings": server_settings},
+        )
+        refuse_closed_on_checkout(relay)
+    return Database(url, engine, engine, direct, driver, relay=relay)

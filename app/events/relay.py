@@ -346,9 +346,10 @@ class Relay(Generic[F]):
         # (each statement sees what had committed when it ran, as under READ COMMITTED
         # in one), which saves a BEGIN and a ROLLBACK round trip per wake-up. Not behind
         # PgBouncer's transaction pooling, where only a transaction keeps a statement on
-        # the server connection that prepared it.
+        # the server connection that prepared it. On connections of the relay's own where
+        # the database has them (engine.RELAY_SETTINGS: each read planned for its position).
         self._drain_reader = (
-            db.reader.execution_options(isolation_level="AUTOCOMMIT")
+            (db.relay or db.reader).execution_options(isolation_level="AUTOCOMMIT")
             if db.dialect == "postgresql" and not db.pooled_by_transaction
             else db.reader
         )

@@ -105,3 +105,40 @@ async def test_an_events_audience_is_read_by_index_whatever_the_outbox_holds(
     for node in on_events:  # from the position (or the horizon) on, in the index's order
         assert node["Node Type"] in INDEX_SCANS, (name, node)
         assert "tx" in node.get("Index Cond", ""), (name, node)
+
+
+_PLANS_OF_RELAY_READS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+    " WHERE statement LIKE '%read_horizon%' AND statement NOT LIKE '%pg_prepared_statements%'"
+)
+
+
+async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_grows(
+    db: Database,
+) -> None:
+    """The relay reads on connections of its own (engine.RELAY_SETTINGS) where each read is
+    planned for the position it reads from. On the service's shared pool the statement,
+    prepared while the outbox was small, kept a generic plan (a scan and a sort of the
+    whole table) as the outbox grew: seen in `bench.writes` (docs/performance.md)."""
+    assert db.relay is not None
+    statement, params = READS["the relay's read"]
+    async with db.relay.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        # Past the five custom plans after which PostgreSQL may keep a generic one.
+        for _ in range(8):
+            await conn.execute(statement, params)
+        async with db.writer.begin() as writer:
+            await writer.execute(
+                text(
+                    "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
+                    " SELECT g, 'pool.updated', 'p', 'acme', now(), '{}'::jsonb"
+                    " FROM generate_series(1, :n) AS g"
+                ),
+                {"n": EVENTS},
+            )
+            await writer.execute(text("ANALYZE events"))
+        for _ in range(3):
+            await conn.execute(statement, params)
+        plans = (await conn.exec_driver_sql(_PLANS_OF_RELAY_READS)).all()
+    assert plans, "the relay's read was not prepared on its connection"
+    assert all(generic == 0 for generic, _ in plans), plans
+    assert sum(custom for _, custom in plans) >= 11, plans
