@@ -51,6 +51,8 @@ def traced(sql: str) -> AbstractContextManager[object]:
 # subquery each) passed the bound (seen with auto_explain under bench.writes). Every
 # statement here is short; none gains from it.
 NO_JIT = {"jit": "off"}
+# How these connections name themselves in pg_stat_activity (engine.APPLICATION_NAME).
+DIRECT_APPLICATION_NAME = "bettercompute direct"
 
 
 async def _nothing_to_reset(_connection: asyncpg.Connection) -> None:
@@ -101,6 +103,7 @@ class DirectReads:
                             # planning one (about a millisecond) costs more than running it.
                             "plan_cache_mode": "force_generic_plan",
                             **NO_JIT,
+                            "application_name": DIRECT_APPLICATION_NAME,
                         },
                         # Nothing here changes session state (one read statement, no
                         # transaction), so a returned connection needs no RESET ALL.

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -64,6 +64,20 @@ RELAY_CONNECTIONS = 2
 # made while the outbox was small (a scan and a sort of the whole table), was kept on its
 # connection as the outbox grew (docs/performance.md "Figures").
 RELAY_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+_PLAN_EACH_READ = select(*(func.set_config(k, v, True) for k, v in RELAY_SETTINGS.items()))
+
+
+async def plan_each_read(conn: AsyncConnection) -> None:
+    """RELAY_SETTINGS for the rest of `conn`'s transaction, on PostgreSQL: the relay's
+    plans for position reads on a shared connection (one round trip)."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(_PLAN_EACH_READ)
+
+
+# How the service's connections name themselves in pg_stat_activity (PostgreSQL directly;
+# behind PgBouncer, PgBouncer's own).
+APPLICATION_NAME = "bettercompute"
+RELAY_APPLICATION_NAME = "bettercompute relay"
 
 # What a read runs on: a connection, a unit of work's session, or its statements.
 Executor = AsyncConnection | AsyncSession | SessionStatements
@@ -206,6 +220,31 @@ def refuse_closed_on_checkout(engine: AsyncEngine) -> None:
             raise DisconnectionError("the pooled connection was closed while idle")
 
 
+def _postgres_engine(
+    target: URL,
+    s: Settings,
+    *,
+    pool_size: int,
+    max_overflow: int,
+    connect_args: dict[str, Any],
+    ping: bool = False,
+) -> AsyncEngine:
+    """A pool of asyncpg connections to `target`, every wait bounded; a connection the
+    server closed while idle replaced at checkout (no round trip) unless it pings."""
+    engine = create_async_engine(
+        target,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=s.db_acquire_timeout_s,
+        pool_pre_ping=ping,
+        hide_parameters=True,
+        connect_args=connect_args,
+    )
+    if not ping:
+        refuse_closed_on_checkout(engine)
+    return engine
+
+
 def create_database(url: str, settings: Settings | None = None) -> Database:
     """The engines for `url`, sized and bounded by `settings` (its db_* fields)."""
     s = settings or Settings()
@@ -242,24 +281,26 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
     if pgbouncer:
         connect_args |= pgbouncer_connect_args()
     else:
-        connect_args["server_settings"] = {"statement_timeout": statement_timeout, **NO_JIT}
+        connect_args["server_settings"] = {
+            "statement_timeout": statement_timeout,
+            **NO_JIT,
+            "application_name": APPLICATION_NAME,
+        }
         # asyncpg's own cache holds what runs through it alone: the compiled reads when
         # they use this pool (SQLAlchemy prepares its statements in its own cache).
         connect_args["statement_cache_size"] = s.db_prepared_statements_per_connection
-    relay_apart = not pgbouncer and s.db_pool_size > RELAY_CONNECTIONS
-    engine = create_async_engine(
+    # The relay's own connections only where as many are left for requests.
+    relay_apart = not pgbouncer and s.db_pool_size >= 2 * RELAY_CONNECTIONS
+    engine = _postgres_engine(
         target,
+        s,
         pool_size=s.db_pool_size - (RELAY_CONNECTIONS if relay_apart else 0),
         max_overflow=s.db_max_overflow,
-        pool_timeout=s.db_acquire_timeout_s,
+        connect_args=connect_args,
         # Behind PgBouncer the pool still pings: without it the PgBouncer suite met an
         # asyncpg connection garbage-collected unclosed, now and then (not yet understood).
-        pool_pre_ping=pgbouncer,
-        hide_parameters=True,
-        connect_args=connect_args,
+        ping=pgbouncer,
     )
-    if not pgbouncer:
-        refuse_closed_on_checkout(engine)
     if pgbouncer:
 
         @event.listens_for(engine.sync_engine, "begin")
@@ -285,14 +326,16 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
     driver = None if pgbouncer else driver_statements(engine.dialect, enabled=s.compiled_reads)
     relay = None
     if relay_apart:
-        server_settings = {**connect_args["server_settings"], **RELAY_SETTINGS}
-        relay = create_async_engine(
+        server_settings = {
+            **connect_args["server_settings"],
+            **RELAY_SETTINGS,
+            "application_name": RELAY_APPLICATION_NAME,
+        }
+        relay = _postgres_engine(
             target,
+            s,
             pool_size=RELAY_CONNECTIONS,
             max_overflow=0,
-            pool_timeout=s.db_acquire_timeout_s,
-            hide_parameters=True,
             connect_args={**connect_args, "server_settings": server_settings},
         )
-        refuse_closed_on_checkout(relay)
     return Database(url, engine, engine, direct, driver, relay=relay)

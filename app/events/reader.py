@@ -36,10 +36,11 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import FunctionElement
 
 from app.db.dialect_sql import per_dialect
-from app.db.engine import Executor
+from app.db.engine import Executor, plan_each_read
 from app.db.models import Event, EventAudience, EventsPruned
 from app.events.cursor import (
     BIGINT_MAX,
@@ -379,7 +380,7 @@ async def read_uncovered(
 
 
 async def read_between(
-    executor: Executor,
+    conn: AsyncConnection,
     state: DeliveryState,
     target: DeliveryState,
     *,
@@ -390,7 +391,9 @@ async def read_between(
 ) -> list[OutboxEvent]:
     """The events `target` covers and `state` does not, in position order, at most `limit`
     (a replay behind the relay: every one of them is committed, as the relay read it).
-    Filtered as `read_events` is."""
+    Filtered as `read_events` is. On a shared connection, in a transaction: each read of
+    it planned for its position, as the relay's (engine.RELAY_SETTINGS); a generic plan
+    made on a small outbox read the whole table as it grew."""
     settled = ~_after("target")
     if target.ahead:
         settled = settled | Event.seq.in_(bindparam("target_ahead", expanding=True))
@@ -399,7 +402,8 @@ async def read_between(
     if target.ahead:
         params["target_ahead"] = [d.seq for d in target.ahead]
     query, narrowed = _narrowed(query, tenants, pool_id, types)
-    return await _events(executor, _with_audiences(_in_order(query), tenants), params | narrowed)
+    await plan_each_read(conn)
+    return await _events(conn, _with_audiences(_in_order(query), tenants), params | narrowed)
 
 
 def _narrowed(

@@ -35,6 +35,9 @@ async def test_every_service_connection_runs_without_jit(db: Database) -> None:
         async with db.reader.connect() as conn:
             autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
             found = await autocommit.execute(text("SELECT current_setting('jit')"))
-            assert found.scalar_one() == "off"  # the relay's reads, outside a transaction
+            assert found.scalar_one() == "off"  # statements outside a transaction
+    if db.relay is not None:  # the relay's reads, on its own connections
+        async with db.relay.connect() as conn:
+            assert (await conn.execute(text("SELECT current_setting('jit')"))).scalar_one() == "off"
     if db.direct is not None:
         assert await db.direct.fetchval("SELECT current_setting('jit')", ()) == "off"

@@ -13,15 +13,22 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.applications import Starlette
 
-from app.db.engine import Database
-from app.events.cursor import DeliveryState, Position
+from app.capacity.service import Capacity
+from app.db.engine import RELAY_APPLICATION_NAME, Database
+from app.events.cursor import BIGINT_MAX, DeliveryState, Position
 from app.events.reader import (
     committed_above_horizon_query,
     horizon_and_uncovered_query,
+    read_between,
     read_events_query,
     read_uncovered_query,
 )
+from tests.events.support import settle, subscribe
+from tests.rest.scene import Scene
+from tests.support import Api, Fleet
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # the planner's choice
 
@@ -113,6 +120,14 @@ _PLANS_OF_RELAY_READS = (
 )
 
 
+async def _small_outbox(db: Database) -> None:
+    """Statistics of the outbox as this test finds it (an earlier test's may linger): the
+    plans below are made for a small one."""
+    async with db.writer.begin() as conn:
+        await conn.execute(text("ANALYZE events"))
+        await conn.execute(text("ANALYZE event_audience"))
+
+
 async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_grows(
     db: Database,
 ) -> None:
@@ -123,6 +138,7 @@ async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_gro
     if db.pooled_by_transaction:
         pytest.skip("behind PgBouncer every statement is the unnamed one, planned each time")
     assert db.relay is not None
+    await _small_outbox(db)
     statement, params = READS["the relay's read"]
     async with db.relay.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
         # Past the five custom plans after which PostgreSQL may keep a generic one.
@@ -144,3 +160,80 @@ async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_gro
     assert plans, "the relay's read was not prepared on its connection"
     assert all(generic == 0 for generic, _ in plans), plans
     assert sum(custom for _, custom in plans) >= 11, plans
+
+
+_PLANS_OF_REPLAY_READS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+    " WHERE statement LIKE '%FROM events%LIMIT%' AND statement NOT LIKE '%read_horizon%'"
+    " AND statement NOT LIKE '%pg_prepared_statements%'"
+)
+
+
+async def test_a_replays_reads_are_planned_for_their_position_on_a_shared_connection(
+    db: Database,
+) -> None:
+    """A subscription's replay reads on the service's shared pool, whose other statements
+    keep their generic plans: `read_between` plans its own reads for their position, for
+    its transaction only, as the relay's connections plan theirs."""
+    if db.pooled_by_transaction:
+        pytest.skip("behind PgBouncer every statement is the unnamed one, planned each time")
+    target = DeliveryState(Position(BIGINT_MAX, BIGINT_MAX))
+
+    await _small_outbox(db)
+
+    async def replay(conn: AsyncConnection) -> None:
+        await read_between(conn, DeliveryState(SETTLED), target, limit=500, tenants=["acme"])
+        await conn.rollback()
+
+    async with db.reader.connect() as conn:
+        for _ in range(8):  # past the five custom plans, as above
+            await replay(conn)
+        async with db.writer.begin() as writer:
+            await writer.execute(
+                text(
+                    "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
+                    " SELECT g, 'pool.updated', 'p', 'acme', now(), '{}'::jsonb"
+                    " FROM generate_series(1, :n) AS g"
+                ),
+                {"n": EVENTS},
+            )
+            await writer.execute(text("ANALYZE events"))
+        for _ in range(3):
+            await replay(conn)
+        plans = (await conn.exec_driver_sql(_PLANS_OF_REPLAY_READS)).all()
+    assert plans, "the replay's read was not prepared on its connection"
+    assert all(generic == 0 for generic, _ in plans), plans
+    assert sum(custom for _, custom in plans) >= 11, plans
+
+
+async def test_a_running_relay_reads_on_its_own_connections(
+    app: Starlette, api: Api, fleet: Fleet
+) -> None:
+    """The service's relay, woken by real writes, prepares its reads on the connections of
+    `Database.relay` (each planned for its position), not on the shared pool's."""
+    capacity: Capacity = app.state.capacity
+    db = capacity.db
+    if db.pooled_by_transaction:
+        pytest.skip("behind PgBouncer the relay reads on the shared pool")
+    assert db.relay is not None
+    s = await Scene.start(api, fleet)
+    watcher = await subscribe(app, s.token, "acme")
+    pool_id = (await s.pool())["id"]
+    for n in range(8):
+        await api.ok(s.token, "pools/update", s.body(pool_id, policy={"singleTenant": n % 2 == 0}))
+        await settle(app, watcher)
+    async with db.relay.connect() as one, db.relay.connect() as other:  # all of its pool
+        plans = [
+            row
+            for conn in (one, other)
+            for row in (await conn.exec_driver_sql(_PLANS_OF_RELAY_READS)).all()
+        ]
+        names = {
+            (await conn.exec_driver_sql("SHOW application_name")).scalar_one()
+            for conn in (one, other)
+        }
+    await watcher.close()
+    assert names == {RELAY_APPLICATION_NAME}
+    assert plans, "the relay's reads were not prepared on its own connections"
+    assert all(generic == 0 for generic, _ in plans), plans
+    assert sum(custom for _, custom in plans) >= 8, plans
