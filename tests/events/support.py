@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sqlalchemy import insert, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.applications import Starlette
 
 from app.capacity.inputs import PoolEventsInput, parse_input
@@ -73,6 +75,27 @@ async def all_visible(db: Database, within_s: float = 30.0) -> None:
             assert time.monotonic() < deadline, "the horizon did not pass the newest event"
             await asyncio.sleep(0.005)
             await conn.rollback()
+
+
+@contextlib.asynccontextmanager
+async def visible_outbox(db: Database, within_s: float = 30.0) -> AsyncIterator[AsyncConnection]:
+    """A connection whose reads see every committed event below the horizon. `all_visible`
+    alone does not promise that to a later statement: each statement takes its own
+    snapshot and its own look at the server's running transactions, and the horizon errs
+    low when another database's transaction ends between the two (app/events/reader.py).
+    Here every statement shares one snapshot and one look (REPEATABLE READ), so once the
+    check passes, the reads see what it saw."""
+    if db.dialect != "postgresql":
+        async with db.reader.connect() as conn:
+            yield conn
+        return
+    deadline = time.monotonic() + within_s
+    async with db.reader.execution_options(isolation_level="REPEATABLE READ").connect() as conn:
+        while await committed_above_horizon(conn):
+            assert time.monotonic() < deadline, "the horizon did not pass the newest event"
+            await conn.rollback()
+            await asyncio.sleep(0.005)
+        yield conn
 
 
 async def wait_until(condition: Callable[[], bool], within_s: float = 20.0) -> None:

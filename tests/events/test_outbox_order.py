@@ -27,7 +27,7 @@ from app.events.outbox import (
 )
 from app.events.reader import committed_above_horizon, read_events
 from tests.databases import direct_url
-from tests.events.support import all_visible, bare_pools, until_lock_waits
+from tests.events.support import bare_pools, until_lock_waits, visible_outbox
 from tests.support import Fleet
 
 WRITERS = 24
@@ -47,6 +47,12 @@ def _event(pool_id: str, **data: int) -> PendingEvent:
 
 async def _all(db: Database) -> list[Position]:
     async with db.reader.connect() as conn:
+        return [e.position for e in await read_events(conn, START, limit=10_000)]
+
+
+async def _all_visible(db: Database) -> list[Position]:
+    """Every committed event, once the horizon has passed them all."""
+    async with visible_outbox(db) as conn:
         return [e.position for e in await read_events(conn, START, limit=10_000)]
 
 
@@ -71,8 +77,7 @@ async def test_one_transaction_numbers_its_events_in_the_order_given(
         assert await uow.lock_pool(pool_id)
         for n in range(300):
             uow.emit(_event(pool_id, n=n))
-    await all_visible(db)
-    async with db.reader.connect() as conn:
+    async with visible_outbox(db) as conn:
         read = await read_events(conn, START, limit=1000)
     assert [e.data["n"] for e in read] == list(range(300))
     assert all(e.audience == {"acme"} for e in read)
@@ -114,8 +119,7 @@ async def test_writers_of_distinct_pools_do_not_wait_and_delivery_waits_for_the_
         await first.commit()
     finally:
         await first.close()
-    await all_visible(db)
-    positions = await _all(db)
+    positions = await _all_visible(db)
     assert len(positions) == 2 and positions[0] == a and positions == sorted(positions)
     # A transaction that writes no event holds the horizon back just the same.
     idle = AsyncSession(db.writer)
@@ -128,8 +132,7 @@ async def test_writers_of_distinct_pools_do_not_wait_and_delivery_waits_for_the_
     finally:
         await idle.rollback()
         await idle.close()
-    await all_visible(db)
-    assert len(await _all(db)) == 3
+    assert len(await _all_visible(db)) == 3
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
@@ -181,8 +184,7 @@ async def test_a_pool_locked_after_a_first_write_still_orders_after_its_previous
     finally:
         await early.close()
         await late.close()
-    await all_visible(db)
-    async with db.reader.connect() as conn:
+    async with visible_outbox(db) as conn:
         read = await read_events(conn, START, limit=10)
     assert [e.data["version"] for e in read] == [early_version, late_version]
     assert read[0].tx > 0 and read[1].tx >= read[0].tx
@@ -222,7 +224,8 @@ async def test_concurrent_writers_with_rollbacks_and_a_polling_reader(
         cursor = START
         while True:
             finished = writers_done.is_set()  # read once more after the last commit
-            async with db.reader.connect() as conn:
+            reads = visible_outbox(db) if finished else db.reader.connect()
+            async with reads as conn:
                 events = await read_events(conn, cursor, limit=50)
             for event in events:
                 delivered.append((event.pool_id, event.data["version"]))
@@ -239,8 +242,7 @@ async def test_concurrent_writers_with_rollbacks_and_a_polling_reader(
         async with asyncio.TaskGroup() as writers:
             for w in range(WRITERS):
                 writers.create_task(writer(w))
-        await all_visible(db)  # then the reader's next read is its last
-        writers_done.set()
+        writers_done.set()  # the reader's next empty read, all visible, is its last
         await reading
 
     assert len(delivered) == len(set(delivered)), "an event was delivered twice"

@@ -19,7 +19,13 @@ from app.errors import InvalidState
 from app.events.cursor import START, Position, encode_cursor
 from app.events.reader import outbox_bounds, prune_events, read_events
 from tests.events.conftest import AppFactory
-from tests.events.support import all_visible, emit_updates, settle, subscribe, wait_until
+from tests.events.support import (
+    emit_updates,
+    settle,
+    subscribe,
+    visible_outbox,
+    wait_until,
+)
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -32,8 +38,7 @@ async def test_pruning_deletes_at_most_a_batch_per_call(
         capacity: Capacity = app.state.capacity
         pool_id = (await s.pool())["id"]
         await emit_updates(capacity, pool_id, "acme", 30)
-    await all_visible(db)
-    async with db.reader.connect() as conn:
+    async with visible_outbox(db) as conn:
         before = await outbox_bounds(conn)
         stored = [e.position for e in await read_events(conn, START, limit=100)]
     assert before.oldest == stored[0] and len(stored) == 31  # pool.created, 30 updates
@@ -58,8 +63,7 @@ async def test_expiry_is_exact_in_position_order(
         pool_id = (await s.pool())["id"]
         await emit_updates(capacity, pool_id, "acme", 3)
         await emit_updates(capacity, pool_id, "acme", 3, start=3)
-        await all_visible(db)
-        async with db.reader.connect() as conn:
+        async with visible_outbox(db) as conn:
             stored = await read_events(conn, START, limit=100)
         assert [e.data.get("n") for e in stored] == [None, 0, 1, 2, 3, 4, 5]
         assert len({e.tx for e in stored[1:]}) == (1 if db.dialect == "sqlite" else 2)
