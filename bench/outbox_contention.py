@@ -179,10 +179,16 @@ def _script(
 
 
 async def _pgbench(
-    url: str, script: str, clients: int, seconds: float, rate: float | None = None
+    url: str,
+    script: str,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+    log_prefix: str | None = None,
 ) -> tuple[float, float]:
     """(tps, fraction of active backends waiting on a lock); at most `rate` transactions a
-    second in all when given (pgbench -R), else as fast as they go."""
+    second in all when given (pgbench -R), else as fast as they go; each transaction's end
+    logged under `log_prefix` when given (pgbench -l)."""
     parsed = make_url(url)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
@@ -190,7 +196,9 @@ async def _pgbench(
         "pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-f", f.name,
         "-h", parsed.host or "127.0.0.1", "-p", str(parsed.port or 5432),
         "-U", parsed.username or "postgres", parsed.database or "",
-    ] + ([] if rate is None else ["-R", f"{rate:.0f}"])  # fmt: skip
+    ] + ([] if rate is None else ["-R", f"{rate:.0f}"]) + (
+        [] if log_prefix is None else ["-l", "--log-prefix", log_prefix]
+    )  # fmt: skip
     process = await asyncio.create_subprocess_exec(
         *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -276,30 +284,64 @@ async def _delivery(
     return latencies, len(committed) - len(latencies)
 
 
+def _commits(log_prefix: str) -> dict[int, list[float]]:
+    """Per pgbench client, when each of its transactions ended as it saw it (its COMMIT
+    answered), in order: `client_id transaction_no time script_no epoch us [lag]`."""
+    ended: dict[int, list[tuple[int, float]]] = {}
+    directory, prefix = os.path.split(log_prefix)
+    for name in os.listdir(directory):
+        if name.startswith(prefix):
+            with open(os.path.join(directory, name)) as log:
+                for line in log:
+                    client, number, _, _, epoch, us = line.split()[:6]
+                    ended.setdefault(int(client), []).append(
+                        (int(number), int(epoch) + int(us) / 1e6)
+                    )
+    return {client: [at for _, at in sorted(rows)] for client, rows in ended.items()}
+
+
 async def _delivery_from_pgbench(
-    db: Database, url: str, script: str, clients: int, seconds: float, rate: float | None = None
-) -> tuple[list[float], float]:
-    """The service's statements from `clients` pgbench writers; the real relay in this
-    process, its poll at 5 ms standing in for the wake-up a service commit would send;
-    latency = receipt - the event's occurred_at (clock_timestamp() in its INSERT, right
-    before COMMIT)."""
+    db: Database,
+    url: str,
+    script: str,
+    pools: Sequence[str],
+    seconds: float,
+    rate: float | None = None,
+) -> tuple[list[float], list[float], float]:
+    """The service's statements from one pgbench writer per pool; the real relay in this
+    process, its poll at 5 ms standing in for the wake-up a service commit would send.
+    Two latencies per event: receipt - its occurred_at (clock_timestamp() in its INSERT,
+    before the COMMIT is sent), and receipt - when its writer saw its COMMIT answered
+    (pgbench's log: the k-th event of a pool is its client's k-th transaction, one writer
+    per pool, none rolled back), the measure the in-process writers take."""
     relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=0.005)  # type: ignore[arg-type]
     await relay.start()
-    latencies: list[float] = []
+    from_insert: list[float] = []
+    received: dict[str, list[float]] = {}
     subscription = await relay.open(_Owner(), None)  # type: ignore[arg-type]
 
     async def read() -> None:
         async for item in subscription.stream():
-            latencies.append((time.time() - item.occurred_at.timestamp()) * 1000)
+            now = time.time()
+            from_insert.append((now - item.occurred_at.timestamp()) * 1000)
+            received.setdefault(item.pool_id, []).append(now)
 
     reader = asyncio.create_task(read())
-    tps, _ = await _pgbench(url, script, clients, seconds, rate)
-    print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
-    await asyncio.sleep(1.0)  # the last commits' events
+    with tempfile.TemporaryDirectory() as logs:
+        prefix = os.path.join(logs, "tx")
+        tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix)
+        print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
+        await asyncio.sleep(1.0)  # the last commits' events
+        commits = _commits(prefix)
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
     await relay.stop()
-    return latencies, tps
+    from_commit = [
+        (at - ended) * 1000
+        for client, pool_id in enumerate(pools)
+        for at, ended in zip(received.get(pool_id, []), commits.get(client, []), strict=False)
+    ]
+    return from_insert, from_commit, tps
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -337,24 +379,24 @@ async def main(seconds: float, clients: int) -> None:
                 f" lock waits new {max(w for _, w in results['new']):.1%} (target <= 10%)"
             )
             stamped = _script(statements, pools, "new", stamp=True)
-            piped, tps = await _delivery_from_pgbench(db, url, stamped, clients, seconds)
-            print(
-                f"  commit-to-delivery, {clients} pgbench writers ({tps:.0f} tps) through the"
-                f" relay: {len(piped)} events, p50 {_pct(piped, 0.5):.1f} ms,"
-                f" p99 {_pct(piped, 0.99):.1f} ms (target < 50),"
-                f" max {max(piped, default=float('nan')):.1f} ms; load {_load()}"
-            )
-            # The same writers at half that rate: what delivery costs when the writers do
-            # not take every core (above, the relay and its backend wait their turn among
-            # 32 busy backends on this machine's cores).
-            asked = tps / 2
-            piped, tps = await _delivery_from_pgbench(db, url, stamped, clients, seconds, asked)
-            print(
-                f"  commit-to-delivery, {clients} pgbench writers at {asked:.0f} tps asked"
-                f" ({tps:.0f} achieved): {len(piped)} events, p50 {_pct(piped, 0.5):.1f} ms,"
-                f" p99 {_pct(piped, 0.99):.1f} ms, max {max(piped, default=float('nan')):.1f}"
-                f" ms; load {_load()}"
-            )
+            rate: float | None = None
+            for _ in range(2):  # as fast as they go, then at half that rate
+                piped, acked, tps = await _delivery_from_pgbench(
+                    db, url, stamped, pools, seconds, rate
+                )
+                asked = "as fast as they go" if rate is None else f"{rate:.0f} tps asked"
+                print(
+                    f"  commit-to-delivery, {clients} pgbench writers ({asked}, {tps:.0f} tps)"
+                    f" through the relay: {len(piped)} events;"
+                    f" from the writer's COMMIT answered p50 {_pct(acked, 0.5):.1f} ms,"
+                    f" p99 {_pct(acked, 0.99):.1f} ms (target < 50),"
+                    f" max {max(acked, default=float('nan')):.1f} ms ({len(acked)} matched);"
+                    f" from its INSERT p50 {_pct(piped, 0.5):.1f} ms,"
+                    f" p99 {_pct(piped, 0.99):.1f} ms; load {_load()}"
+                )
+                # Half the rate: the writers no longer take every core (above, the relay
+                # and its backend wait their turn among 32 busy backends).
+                rate = tps / 2
             latencies, lost = await _delivery(db, principal, pools, seconds)
             print(
                 f"  commit-to-delivery, {clients} in-process writers (the domain's update,"
