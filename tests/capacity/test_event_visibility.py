@@ -8,7 +8,7 @@ from app.capacity.reads import Actor, load_grants, load_lineage
 from app.db.engine import Database
 from app.events.reader import read_events
 from app.iam.principal import Principal
-from tests.events.support import all_visible
+from tests.events.support import visible_outbox
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -72,8 +72,8 @@ async def test_offer_details_follow_the_callers_share_permission(
         "owner operator": Principal("caller_o", "acme", "operator"),
         "owner admin of A100 pools": Principal("caller_n", "acme", "admin", {"gpuModel": "A100"}),
     }
-    await all_visible(db)  # readers read below the transaction-id horizon (ADR 0012)
-    async with db.reader.connect() as conn:
+    # Readers read below the transaction-id horizon (ADR 0012).
+    async with visible_outbox(db) as conn:
         written = await read_events(conn, 0, limit=10)
         world = await load_world(conn, [pool_id])
         lineage = await load_lineage(conn, "acme")

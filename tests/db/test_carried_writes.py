@@ -19,7 +19,7 @@ from app.events.cursor import START
 from app.events.outbox import PendingEvent
 from app.events.reader import read_events
 from app.metrics import instrument_engine
-from tests.events.support import all_visible, bare_pools
+from tests.events.support import bare_pools, visible_outbox
 from tests.support import Fleet
 
 _POOLS: Any = Pool.__table__
@@ -82,8 +82,7 @@ async def test_a_held_write_rides_in_the_event_on_either_path(db: Database, flee
             assert sent[1] - sent[0] == (0 if db.dialect == "postgresql" else 1), name
             row = await _pool_row(db, pool_id)
             assert (row.tenant_id, row.gpu_model, row.version) == ("acme", f"H{version}", version)
-    await all_visible(db)
-    async with db.reader.connect() as conn:
+    async with visible_outbox(db) as conn:
         events = await read_events(conn, START, limit=100)
     assert [e.data["version"] for e in events] == list(range(2, version + 1))
 

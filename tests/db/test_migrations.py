@@ -185,7 +185,7 @@ async def test_cursors_handed_out_before_0009_resume_exactly_after_it(
     from app.events.cursor import decode_cursor, encode_cursor
     from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
     from app.events.reader import outbox_bounds, read_events
-    from tests.events.support import all_visible
+    from tests.events.support import visible_outbox
 
     await _run(fresh_database_url, _upgrade_to_0008)
     await _run(fresh_database_url, _events_before_0009)
@@ -203,8 +203,7 @@ async def test_cursors_handed_out_before_0009_resume_exactly_after_it(
                 [PendingEvent("pool.updated", "pool_old", "acme", {"n": n}) for n in (6, 7)],
             )
             await session.commit()
-        await all_visible(db)
-        async with db.reader.connect() as conn:
+        async with visible_outbox(db) as conn:
             bounds = await outbox_bounds(conn)
             resumed = {
                 seq: [e.data["n"] for e in await read_events(conn, decode_cursor(c), limit=50)]

@@ -163,8 +163,8 @@ async def settle(app: Starlette, *collectors: Collector) -> None:
     has taken everything mailed to it."""
     relay: Relay = app.state.relay
     capacity: Capacity = app.state.capacity
-    await all_visible(capacity.db)  # else "newest" may be short of the last commit
-    async with capacity.db.reader.connect() as conn:
+    # Else "newest" may be short of the last commit.
+    async with visible_outbox(capacity.db) as conn:
         newest = (await outbox_bounds(conn)).newest
     await wait_until(lambda: relay.cursor >= newest and all(c.idle for c in collectors))
 

@@ -26,7 +26,7 @@ from app.db.engine import Database
 from app.events.cursor import encode_cursor
 from app.events.reader import outbox_bounds, read_events
 from tests.events.processes import Served, bettercompute_serve
-from tests.events.support import all_visible, wait_until
+from tests.events.support import visible_outbox, wait_until
 from tests.support import Api, Fleet
 
 
@@ -169,8 +169,8 @@ async def _run(size: Size, database_url: str, db: Database, redis_url: str) -> N
                 (await apis[(i + k) % 2].ok(tokens[tenant], "pools/create", body))["pool"]["id"]
                 for k in range(2)
             ]
-        await all_visible(db)  # else "newest" may be short of the last commit
-        async with db.reader.connect() as conn:
+        # Else "newest" may be short of the last commit.
+        async with visible_outbox(db) as conn:
             start = (await outbox_bounds(conn)).newest
         # Every subscriber resumes after the same cursor, so none misses the first mutations
         # however long its connection takes.
@@ -192,8 +192,7 @@ async def _run(size: Size, database_url: str, db: Database, redis_url: str) -> N
 
         assert await mutate(size, apis, tokens, pools) == size.mutations
 
-        await all_visible(db)
-        async with db.reader.connect() as conn:
+        async with visible_outbox(db) as conn:
             committed = await read_events(conn, start, limit=100_000)
         expected = {
             tenant: [(e.type, e.pool_id, e.occurred_at) for e in committed if tenant in e.audience]

@@ -31,7 +31,7 @@ from app.db.engine import Database
 from app.events.cursor import START, encode_cursor
 from app.events.reader import outbox_bounds, read_events
 from tests.events.processes import Served, bettercompute_serve
-from tests.events.support import all_visible, wait_until
+from tests.events.support import visible_outbox, wait_until
 from tests.support import Fleet
 
 POOLS = int(os.environ.get("BETTERCOMPUTE_ORDER_SOAK_POOLS", "24"))
@@ -117,8 +117,7 @@ async def test_three_processes_with_rollbacks_and_kills_keep_each_pools_order(
         for _ in range(POOLS):
             body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
             pools.append((await call("pools/create", body)).json()["pool"]["id"])
-        await all_visible(db)
-        async with db.reader.connect() as conn:
+        async with visible_outbox(db) as conn:
             start = encode_cursor((await outbox_bounds(conn)).newest)
         streams = [Stream(token) for _ in servers]
         for stream, server in zip(streams, servers, strict=True):
@@ -160,8 +159,7 @@ async def test_three_processes_with_rollbacks_and_kills_keep_each_pools_order(
 
         async with asyncio.timeout(SECONDS + 600):
             await asyncio.gather(killer(), *(writer() for _ in range(WRITERS)))
-            await all_visible(db)
-            async with db.reader.connect() as conn:
+            async with visible_outbox(db) as conn:
                 after_start = await read_events(conn, START, limit=1_000_000)
             committed: dict[str, list[int]] = defaultdict(list)
             cursors = []

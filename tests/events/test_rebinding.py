@@ -32,7 +32,7 @@ from app.fleet.apply import apply_fleet
 from app.fleet.schema import parse_fleet
 from tests.events.conftest import served
 from tests.events.processes import bettercompute_serve
-from tests.events.support import all_visible
+from tests.events.support import visible_outbox
 from tests.events.test_token_revocation import (
     BOTH,
     TRANSPORT_WS,
@@ -128,8 +128,8 @@ async def apply_cli(doc: dict[str, Any], **env: str) -> dict[str, Any]:
 
 
 async def newest(db: Database) -> str:
-    await all_visible(db)  # else "newest" may be short of the last commit
-    async with db.reader.connect() as conn:
+    # Else "newest" may be short of the last commit.
+    async with visible_outbox(db) as conn:
         return encode_cursor((await outbox_bounds(conn)).newest)
 
 

@@ -15,7 +15,7 @@ from app.events.cursor import START, Position, encode_cursor
 from app.events.reader import outbox_bounds, read_events
 from app.events.relay import Relay
 from tests.events.conftest import AppFactory
-from tests.events.support import all_visible, emit_updates, settle, subscribe, wait_until
+from tests.events.support import emit_updates, settle, subscribe, visible_outbox, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -210,8 +210,7 @@ async def test_a_cursor_older_than_the_retention_window_is_expired(
         capacity: Capacity = app.state.capacity
         pool_id = (await s.pool())["id"]
         await emit_updates(capacity, pool_id, "acme", 5)
-        await all_visible(capacity.db)
-        async with capacity.db.reader.connect() as conn:
+        async with visible_outbox(capacity.db) as conn:
             bounds = await outbox_bounds(conn)
         first, newest = bounds.oldest, bounds.newest
         assert first is not None

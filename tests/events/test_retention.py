@@ -19,13 +19,7 @@ from app.errors import InvalidState
 from app.events.cursor import START, Position, encode_cursor
 from app.events.reader import outbox_bounds, prune_events, read_events
 from tests.events.conftest import AppFactory
-from tests.events.support import (
-    emit_updates,
-    settle,
-    subscribe,
-    visible_outbox,
-    wait_until,
-)
+from tests.events.support import emit_updates, settle, subscribe, visible_outbox, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 

@@ -28,7 +28,7 @@ from app.events.cursor import encode_cursor
 from app.events.outbox import PendingEvent
 from app.events.reader import outbox_bounds
 from tests.events.processes import Served, bettercompute_serve
-from tests.events.support import all_visible, wait_until
+from tests.events.support import visible_outbox, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -162,8 +162,8 @@ async def _run(size: Size, server: Served, fleet: Fleet, capacity: Capacity) -> 
     healthy_cursors: list[str] = []
     # Both resume after the same cursor, so neither misses the first events however long
     # the server takes to start their subscriptions.
-    await all_visible(capacity.db)  # else "newest" may be short of the last commit
-    async with capacity.db.reader.connect() as conn:
+    # Else "newest" may be short of the last commit.
+    async with visible_outbox(capacity.db) as conn:
         start = encode_cursor((await outbox_bounds(conn)).newest)
     healthy = await open_stream(server.address, s.token, after=start)
     reading = asyncio.create_task(read_all(healthy, healthy_ns, healthy_cursors))
