@@ -545,8 +545,11 @@ class Relay(Generic[F]):
     async def _relay_loop(self) -> None:
         retry_s = 0.0  # > 0 while a committed event is still above the horizon
         while True:
+            # The poll interval bounds every wait ("at least this often"): a retry's
+            # pause for the horizon grows past it only when the poll is longer still.
+            wait_s = min(retry_s, self._poll_interval_s) if retry_s else self._poll_interval_s
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(retry_s or self._poll_interval_s):
+                async with asyncio.timeout(wait_s):
                     await self._wanted.wait()
             self._wanted.clear()
             try:

@@ -13,13 +13,16 @@ from contextlib import asynccontextmanager
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.applications import Starlette
 
 from app.capacity.service import Capacity
+from app.events import relay as relay_module
 from app.events.cursor import MAX_AHEAD, decode_resume, encode_cursor, encode_usage_cursor
-from app.events.outbox import PendingEvent
+from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
 from app.events.reader import OutboxEvent
 from app.events.relay import Relay
+from tests.events.conftest import AppFactory
 from tests.events.support import Collector, emit_updates, settle, subscribe, wait_until
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -235,3 +238,37 @@ async def test_a_resumed_subscription_goes_live_while_writes_keep_coming(
     assert _per_pool(resumed.events) == _per_pool(later)
     await resumed.close()
     await watching.close()
+
+
+async def test_the_poll_interval_bounds_the_wait_while_events_sit_above_the_horizon(
+    app_with: AppFactory, api: Api, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While D holds events (an older transaction still open) the relay retries after a
+    growing pause, for the horizon to pass; an event committed meanwhile with no wake-up
+    (another process's, its broadcast lost, or a writer outside the service) is still read
+    within the poll interval ("at least this often"), not after the longest pause. The
+    pauses made long here, the poll short, so the difference is seconds."""
+    monkeypatch.setattr(relay_module, "HORIZON_RETRY_FIRST_S", 60.0)
+    monkeypatch.setattr(relay_module, "HORIZON_RETRY_MAX_S", 60.0)
+    async with app_with(event_poll_interval_s=0.05) as app:
+        s = await Scene.start(api, fleet)
+        capacity: Capacity = app.state.capacity
+        relay: Relay = app.state.relay
+        pool_a, pool_b, pool_c = [(await s.pool())["id"] for _ in range(3)]
+        watching = await subscribe(app, s.token, "acme")
+        try:
+            async with held_open(capacity, pool_a, 0):
+                await emit_updates(capacity, pool_b, "acme", 1, start=1)  # woken: read at once
+                await wait_until(lambda: [_key(e) for e in watching.events] == [(pool_b, 1)])
+                assert relay.state.ahead  # above the horizon: the relay now pauses to retry
+                session = AsyncSession(capacity.db.writer)
+                try:  # the outbox writer without the service's wake-up
+                    assert await lock_pool_for_events(session, pool_c)
+                    await append_events(session, [_update(pool_c, 1)])
+                    await session.commit()
+                finally:
+                    await session.close()
+                await wait_until(lambda: len(watching.events) == 2, within_s=20.0)
+                assert _key(watching.events[1]) == (pool_c, 1)
+        finally:
+            await watching.close()
