@@ -29,8 +29,8 @@ an event carries the relay's state after it, which is the subscription's too: on
 for every subscriber, so rendered frames stay shared.
 
 While the relay's D is not empty (events delivered above the horizon), or its bound
-stopped a read, it reads again after a short, growing pause (1 ms doubling to 20 ms), so
-L follows the horizon even when no wake-up comes.
+stopped a read, it reads again after a short, growing pause (1 ms doubling to 20 ms, or to
+the poll interval if shorter), so L follows the horizon even when no wake-up comes.
 
 `pool.usage` (CONTRACT section 10: state, not history) is not in the outbox. Every
 `usage_interval_s` the relay reads a usage horizon and the rows a booking or release
