@@ -128,6 +128,20 @@ async def _small_outbox(db: Database) -> None:
         await conn.execute(text("ANALYZE event_audience"))
 
 
+async def _grow_outbox(db: Database) -> None:
+    """EVENTS more events, and the statistics that say so."""
+    async with db.writer.begin() as writer:
+        await writer.execute(
+            text(
+                "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
+                " SELECT g, 'pool.updated', 'p', 'acme', now(), '{}'::jsonb"
+                " FROM generate_series(1, :n) AS g"
+            ),
+            {"n": EVENTS},
+        )
+        await writer.execute(text("ANALYZE events"))
+
+
 async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_grows(
     db: Database,
 ) -> None:
@@ -144,16 +158,7 @@ async def test_the_relays_reads_are_planned_for_their_position_as_the_outbox_gro
         # Past the five custom plans after which PostgreSQL may keep a generic one.
         for _ in range(8):
             await conn.execute(statement, params)
-        async with db.writer.begin() as writer:
-            await writer.execute(
-                text(
-                    "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
-                    " SELECT g, 'pool.updated', 'p', 'acme', now(), '{}'::jsonb"
-                    " FROM generate_series(1, :n) AS g"
-                ),
-                {"n": EVENTS},
-            )
-            await writer.execute(text("ANALYZE events"))
+        await _grow_outbox(db)
         for _ in range(3):
             await conn.execute(statement, params)
         plans = (await conn.exec_driver_sql(_PLANS_OF_RELAY_READS)).all()
@@ -188,16 +193,7 @@ async def test_a_replays_reads_are_planned_for_their_position_on_a_shared_connec
     async with db.reader.connect() as conn:
         for _ in range(8):  # past the five custom plans, as above
             await replay(conn)
-        async with db.writer.begin() as writer:
-            await writer.execute(
-                text(
-                    "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
-                    " SELECT g, 'pool.updated', 'p', 'acme', now(), '{}'::jsonb"
-                    " FROM generate_series(1, :n) AS g"
-                ),
-                {"n": EVENTS},
-            )
-            await writer.execute(text("ANALYZE events"))
+        await _grow_outbox(db)
         for _ in range(3):
             await replay(conn)
         plans = (await conn.exec_driver_sql(_PLANS_OF_REPLAY_READS)).all()
