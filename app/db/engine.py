@@ -220,54 +220,38 @@ def refuse_closed_on_checkout(engine: AsyncEngine) -> None:
             raise DisconnectionError("the pooled connection was closed while idle")
 
 
-def _postgres_engine(
-    target: URL,
+def _engine(
+    url: str | URL,
     s: Settings,
     *,
     pool_size: int,
     max_overflow: int,
-    connect_args: dict[str, Any],
+    connect_args: dict[str, Any] | None = None,
     ping: bool = False,
 ) -> AsyncEngine:
-    """A pool of asyncpg connections to `target`, every wait bounded; a connection the
-    server closed while idle replaced at checkout (no round trip) unless it pings."""
-    engine = create_async_engine(
-        target,
+    """A pool of connections to `url` whose wait for a connection is bounded, and whose
+    bound values (a pool policy's join token among them) never reach a log line or an
+    exception's message, even with SQL logging on: every engine of the service."""
+    return create_async_engine(
+        url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=s.db_acquire_timeout_s,
         pool_pre_ping=ping,
         hide_parameters=True,
-        connect_args=connect_args,
+        connect_args=connect_args or {},
     )
-    if not ping:
-        refuse_closed_on_checkout(engine)
-    return engine
 
 
 def create_database(url: str, settings: Settings | None = None) -> Database:
     """The engines for `url`, sized and bounded by `settings` (its db_* fields)."""
     s = settings or Settings()
-    # hide_parameters: bound values (a pool policy's join token among them) never reach a
-    # log line or an exception's message, even with SQL logging on.
     if make_url(url).get_backend_name() == "sqlite":
         # aiosqlite logs every statement with its bound values at DEBUG; keep that off.
         logging.getLogger("aiosqlite").setLevel(logging.INFO)
         # One writer at a time: writes queue for the writer's one connection.
-        writer = create_async_engine(
-            url,
-            pool_size=1,
-            max_overflow=0,
-            pool_timeout=s.db_acquire_timeout_s,
-            hide_parameters=True,
-        )
-        reader = create_async_engine(
-            url,
-            pool_size=SQLITE_READERS,
-            max_overflow=SQLITE_READERS,
-            pool_timeout=s.db_acquire_timeout_s,
-            hide_parameters=True,
-        )
+        writer = _engine(url, s, pool_size=1, max_overflow=0)
+        reader = _engine(url, s, pool_size=SQLITE_READERS, max_overflow=SQLITE_READERS)
         busy_timeout = busy_timeout_ms(s.db_statement_timeout_s)
         configure_sqlite(writer, "BEGIN IMMEDIATE", busy_timeout)
         configure_sqlite(reader, "BEGIN", busy_timeout)
@@ -291,7 +275,7 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         connect_args["statement_cache_size"] = s.db_prepared_statements_per_connection
     # The relay's own connections only where as many are left for requests.
     relay_apart = not pgbouncer and s.db_pool_size >= 2 * RELAY_CONNECTIONS
-    engine = _postgres_engine(
+    engine = _engine(
         target,
         s,
         pool_size=s.db_pool_size - (RELAY_CONNECTIONS if relay_apart else 0),
@@ -301,6 +285,8 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         # asyncpg connection garbage-collected unclosed, now and then (not yet understood).
         ping=pgbouncer,
     )
+    if not pgbouncer:
+        refuse_closed_on_checkout(engine)
     if pgbouncer:
 
         @event.listens_for(engine.sync_engine, "begin")
@@ -331,11 +317,12 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             **RELAY_SETTINGS,
             "application_name": RELAY_APPLICATION_NAME,
         }
-        relay = _postgres_engine(
+        relay = _engine(
             target,
             s,
             pool_size=RELAY_CONNECTIONS,
             max_overflow=0,
             connect_args={**connect_args, "server_settings": server_settings},
         )
+        refuse_closed_on_checkout(relay)
     return Database(url, engine, engine, direct, driver, relay=relay)
