@@ -284,6 +284,28 @@ async def _delivery(
     return latencies, len(committed) - len(latencies)
 
 
+async def _relay_read_times(db: Database) -> None:
+    """What the relay's read statement took in PostgreSQL (pg_stat_statements, since the
+    run's reset): its execution, waits for a core included, not its round trip."""
+    async with db.writer.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT sum(calls), sum(total_exec_time) / nullif(sum(calls), 0),"
+                    " max(max_exec_time)"
+                    " FROM pg_stat_statements WHERE query LIKE '%read_horizon%'"
+                    " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            )
+        ).one()
+        await conn.rollback()
+    calls, mean, most = row
+    print(
+        f"  (the relay's read in PostgreSQL: {calls or 0} calls, mean {mean or 0:.2f} ms,"
+        f" max {most or 0:.1f} ms)"
+    )
+
+
 def _commits(log_prefix: str) -> dict[int, list[float]]:
     """Per pgbench client, when each of its transactions ended as it saw it (its COMMIT
     answered), in order: `client_id transaction_no time script_no epoch us [lag]`."""
@@ -315,6 +337,9 @@ async def _delivery_from_pgbench(
     (pgbench's log: the k-th event of a pool is its client's k-th transaction, one writer
     per pool, none rolled back), the measure the in-process writers take."""
     relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=0.005)  # type: ignore[arg-type]
+    async with db.writer.connect() as conn:  # the relay reads' own figures, this run only
+        await conn.execute(text("SELECT pg_stat_statements_reset()"))
+        await conn.commit()
     await relay.start()
     from_insert: list[float] = []
     received: dict[str, list[float]] = {}
@@ -331,6 +356,7 @@ async def _delivery_from_pgbench(
         prefix = os.path.join(logs, "tx")
         tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix)
         print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
+        await _relay_read_times(db)
         await asyncio.sleep(1.0)  # the last commits' events
         commits = _commits(prefix)
     reader.cancel()
