@@ -182,7 +182,7 @@ async def test_cursors_handed_out_before_0009_resume_exactly_after_it(
     """ev1 cursors taken at 0008 mean the same events at 0009: resuming after one gives
     exactly the later old events, then the ones written since; expiry reads the same."""
     from app.db.engine import create_database
-    from app.events.cursor import decode_cursor, encode_cursor
+    from app.events.cursor import START, decode_cursor, encode_cursor
     from app.events.outbox import PendingEvent, append_events, lock_pool_for_events
     from app.events.reader import outbox_bounds, read_events
     from tests.events.support import visible_outbox
@@ -209,21 +209,14 @@ async def test_cursors_handed_out_before_0009_resume_exactly_after_it(
                 seq: [e.data["n"] for e in await read_events(conn, decode_cursor(c), limit=50)]
                 for seq, c in taken.items()
             }
+            everything = await read_events(conn, START, limit=100)
         assert resumed[2] == [2, 3, 4, 5, 6, 7]
         assert resumed[4] == [4, 5, 6, 7]
         assert resumed[6] == [6, 7]
         # Expired exactly as before: ev1:1's successor (seq 2) was pruned, ev1:2's was not.
         assert bounds.expired(decode_cursor(taken[1]))
         assert not bounds.expired(decode_cursor(taken[2]))
-        new_tx = {e.tx for e in await _read_all(db)} - {0}
+        new_tx = {e.tx for e in everything} - {0}
         assert len(new_tx) == (0 if db.dialect == "sqlite" else 1)
     finally:
         await db.dispose()
-
-
-async def _read_all(db: Any) -> list[Any]:
-    from app.events.cursor import START
-    from app.events.reader import read_events
-
-    async with db.reader.connect() as conn:
-        return list(await read_events(conn, START, limit=100))

@@ -120,7 +120,7 @@ async def test_resume_after_a_cursor_replays_then_continues_live(
     assert eleventh.data == {"n": 10}
 
     # Resume after the 3rd update: the 4th..11th from the outbox, then live.
-    async with capacity.db.reader.connect() as conn:
+    async with visible_outbox(capacity.db) as conn:
         stored = await read_events(conn, START, limit=100)
     (third,) = [e.position for e in stored if e.data == {"n": 2}]
     resumed = await subscribe(app, s.token, "acme", after=encode_cursor(third))
