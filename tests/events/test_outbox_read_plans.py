@@ -63,6 +63,8 @@ async def _grow_outbox(db: Database) -> None:
     """EVENTS more events of the size the service writes, over 50 pools, each for two
     tenants, and the statistics that say so."""
     async with db.writer.begin() as conn:
+        # A fixture's bulk load, not a request: the service's statement timeout is not its.
+        await conn.execute(text("SET LOCAL statement_timeout = 0"))
         await conn.execute(
             text(
                 "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
