@@ -1,9 +1,9 @@
 """What this service relies on in graphql-core, strawberry and uvicorn beyond their public
-API, checked when the app is assembled (and by `serve` for its websocket protocol).
+API, checked when the app is assembled (and by `serve` for its websocket and HTTP protocols).
 
 The fast path (on by default) has pieces built on library internals, each of which
 answers exactly as the stock library would, only sooner, each switched by its own setting
-(`BETTERCOMPUTE_FAST_PATH` sets both, and the compiled reads, at once):
+(`BETTERCOMPUTE_FAST_PATH` sets all of them, and the compiled reads, at once):
 
 - `executor` (`BETTERCOMPUTE_FAST_EXECUTOR`, schema/executor.py): graphql-core's
   `execute_fields`, `execute_operation`, `build_per_event_executor` and `complete_value`
@@ -12,6 +12,11 @@ answers exactly as the stock library would, only sooner, each switched by its ow
 - `websocket protocol` (`BETTERCOMPUTE_LEAN_WEBSOCKET`, app/websocket_protocol.py): a
   subclass of uvicorn's websockets-sansio protocol that rewrites its `send` and drops its
   handshake state;
+- `one-write responses` (`BETTERCOMPUTE_ONE_WRITE_RESPONSES`, app/http_protocol.py): a
+  subclass of uvicorn's httptools protocol that hands each request's cycle a transport
+  sending what one loop turn writes as one write (checked: the constructor, that
+  `connection_made` and the websocket upgrade take what they took, that each cycle is
+  given the transport, the attributes the subclass reads);
 - `shared event frames` (with the executor and our websocket handlers, untraced;
   schema/shared_frames.py): a subscription event already rendered for an identical
   request is written as the frame strawberry would send; the server checks that with
@@ -20,7 +25,8 @@ answers exactly as the stock library would, only sooner, each switched by its ow
 
 Each is checked for the shape the fast code uses (a method's parameters, an attribute its
 instances get). A piece that fails is left out with one warning naming it and why, and
-that part runs the plain path: stock execution, uvicorn's own `websockets-sansio`.
+that part runs the plain path: stock execution, uvicorn's own `websockets-sansio` and
+HTTP protocol.
 A piece's setting false (or `fast_path = false`) leaves it out.
 
 Both paths also rely on three things no public API offers, checked here as well:
@@ -56,6 +62,9 @@ log = logging.getLogger(__name__)
 
 # uvicorn's own websocket protocol, by the name `uvicorn.run(ws=...)` takes.
 STOCK_WEBSOCKET_PROTOCOL = "websockets-sansio"
+# uvicorn's own HTTP protocol (httptools when installed, else h11), and ours.
+STOCK_HTTP_PROTOCOL = "auto"
+ONE_WRITE_HTTP_PROTOCOL = "app.http_protocol:OneWriteHttpToolsProtocol"
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,14 @@ def websocket_protocol(settings: Settings) -> type[Any] | str:
 
         return LeanWebSocketProtocol
     return STOCK_WEBSOCKET_PROTOCOL
+
+
+def http_protocol(settings: Settings) -> str:
+    """The protocol for `uvicorn.run(http=...)` (or `uvicorn --http`), as an import string:
+    the one-write protocol when it can run, else uvicorn's own choice."""
+    if settings.one_write_responses and usable("one-write responses", _http_protocol_problem):
+        return ONE_WRITE_HTTP_PROTOCOL
+    return STOCK_HTTP_PROTOCOL
 
 
 def usable(piece: str, problem: Callable[[], str | None], instead: str = "") -> bool:
@@ -217,6 +234,41 @@ def _websocket_protocol_problem() -> str | None:
         "handshake_complete", "initial_response", "close_sent",
     )  # fmt: skip
     return _attributes_problem(protocol, state)
+
+
+# --- one write per HTTP response (app/http_protocol.py) ------------------------------
+
+
+def _http_protocol_problem() -> str | None:
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+    from uvicorn.server import ServerState
+
+    problem = _first(
+        _signature_problem(
+            HttpToolsProtocol, "__init__", ["self", "config", "server_state", "app_state", "_loop"]
+        ),
+        _signature_problem(HttpToolsProtocol, "connection_made", ["self", "transport"]),
+        _signature_problem(HttpToolsProtocol, "handle_websocket_upgrade", ["self"]),
+        # Each request's cycle writes to the transport the protocol hands it.
+        None
+        if "transport" in _parameters(RequestResponseCycle.__init__)
+        else "RequestResponseCycle is no longer given the transport",
+    )
+    if problem is not None:
+        return problem
+
+    async def no_app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("never called")
+
+    config = Config(no_app, log_config=None, lifespan="off")
+    config.load()
+    loop = asyncio.new_event_loop()  # stored by the constructor, never run
+    try:
+        protocol = HttpToolsProtocol(config, ServerState(), {}, _loop=loop)
+    finally:
+        loop.close()
+    return _attributes_problem(protocol, ("transport", "loop"))
 
 
 # --- strawberry's websocket handlers (schema/websockets.py) --------------------------

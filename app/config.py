@@ -26,7 +26,12 @@ from app.config_env import (
 
 _read_env: ContextVar[bool] = ContextVar("read_env", default=False)
 # The mechanisms `fast_path` switches together, each also a setting of its own.
-FAST_PATH_PIECES: tuple[str, ...] = ("compiled_reads", "fast_executor", "lean_websocket")
+FAST_PATH_PIECES: tuple[str, ...] = (
+    "compiled_reads",
+    "fast_executor",
+    "lean_websocket",
+    "one_write_responses",
+)
 
 
 def setting(default: Any, description: str, env: str | None = None) -> Any:
@@ -60,10 +65,11 @@ class Settings(BaseSettings):
     )
     fast_path: bool = setting(
         True,
-        "the fast paths, all three at once: sets `BETTERCOMPUTE_COMPILED_READS`, "
-        "`BETTERCOMPUTE_FAST_EXECUTOR` and `BETTERCOMPUTE_LEAN_WEBSOCKET` (one of those given "
-        "beside it wins for its own mechanism); false serves with stock graphql-core, "
-        "strawberry and uvicorn over the domain, which answer the same (app/compat.py)",
+        "the fast paths, all four at once: sets `BETTERCOMPUTE_COMPILED_READS`, "
+        "`BETTERCOMPUTE_FAST_EXECUTOR`, `BETTERCOMPUTE_LEAN_WEBSOCKET` and "
+        "`BETTERCOMPUTE_ONE_WRITE_RESPONSES` (one of those given beside it wins for its own "
+        "mechanism); false serves with stock graphql-core, strawberry and uvicorn over the "
+        "domain, which answer the same (app/compat.py)",
     )
     compiled_reads: bool = setting(
         True,
@@ -81,6 +87,12 @@ class Settings(BaseSettings):
         "`serve`: the lean websocket protocol (app/websocket_protocol.py) when app/compat.py "
         "finds it can run; false: uvicorn's websockets-sansio (default: "
         "`BETTERCOMPUTE_FAST_PATH`)",
+    )
+    one_write_responses: bool = setting(
+        True,
+        "`serve`: each HTTP response sent to the socket in one write, head and body "
+        "together (app/http_protocol.py), when app/compat.py finds it can run; false: "
+        "uvicorn's own protocol (default: `BETTERCOMPUTE_FAST_PATH`)",
     )
     compiled_plan_cache_bytes: int = setting(
         16 * 1024 * 1024,

@@ -21,7 +21,8 @@ and seeds 1,000 pools owned by a provider tenant, offered to four tenants who se
 first 10, 100, 200 and 1,000 of them; each pool has 4 quota rows per tenant and 3 capacity
 rows; the tenant that sees 100 has 40 reservations in the first pool, every fourth released
 (its quota rows and the pool's capacity rows carry the active ones' bookings). Starts
-the real service (`uvicorn --factory app.server:app_from_env`, one process,
+the real service (`uvicorn --factory app.server:app_from_env`, one process, the HTTP
+protocol `serve` picks,
 BETTERCOMPUTE_DATABASE_URL the database) and the floor (its own uvicorn process; one
 hand-written SQL statement per request builds the whole JSON answer: bench/floor.py
 through asyncpg, bench/floor_sqlite.py through aiosqlite on the same file), checks that
@@ -62,6 +63,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
+from app.compat import http_protocol
+from app.config import Settings
 from app.db.embedded import sqlite_file
 from app.db.engine import create_database
 from app.db.models import (
@@ -313,6 +316,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# The HTTP protocol `bettercompute serve` runs with these settings (app/compat.py): with
+# the fast path, each response in one write (app/http_protocol.py).
+SERVICE_HTTP = http_protocol(Settings.from_env())
 
 
 def start_server(
@@ -1013,7 +1021,7 @@ async def measure(
     print(f"seeded {seeded.pools:,} pools in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         service, service_port = start_server(
-            ["--factory", "app.server:app_from_env"],
+            ["--factory", "app.server:app_from_env", "--http", SERVICE_HTTP],
             {"BETTERCOMPUTE_DATABASE_URL": store.url},
             logs / f"{dialect.name}-service.log",
         )
@@ -1086,8 +1094,10 @@ async def run_dialect(
         print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
         print(f"uptime at start: {uptime()}")
         print(
-            "service: uvicorn --factory app.server:app_from_env, one process, on"
-            f" {store.url}; floor: {dialect.floor_text}, its own uvicorn process",
+            f"service: uvicorn --factory app.server:app_from_env --http {SERVICE_HTTP}, one"
+            f" process (the protocol `serve` picks), on {store.url}; floor:"
+            f" {dialect.floor_text}, its own uvicorn process with uvicorn's own protocol"
+            " (--http auto)",
             flush=True,
         )
         await measure(dialect, store, plan, generator, logs, only, profile)

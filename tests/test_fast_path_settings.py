@@ -1,8 +1,9 @@
-"""One setting per fast mechanism: BETTERCOMPUTE_COMPILED_READS, _FAST_EXECUTOR and
-_LEAN_WEBSOCKET each switch only their own, seen through a real served process (a read
-answered by its compiled statement or not, the executor a query runs on, the protocol
-class holding a websocket); BETTERCOMPUTE_FAST_PATH, the old name, sets all three, and
-one of them given beside it wins."""
+"""One setting per fast mechanism: BETTERCOMPUTE_COMPILED_READS, _FAST_EXECUTOR,
+_LEAN_WEBSOCKET and _ONE_WRITE_RESPONSES each switch only their own, seen through a real
+served process (a read answered by its compiled statement or not, the executor a query
+runs on, the protocol classes holding a websocket and an HTTP connection);
+BETTERCOMPUTE_FAST_PATH, the old name, sets all four, and one of them given beside it
+wins."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import websockets
 from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 
-from app.compat import websocket_protocol
+from app.compat import http_protocol, websocket_protocol
 from app.config import FAST_PATH_PIECES, Settings
+from app.http_protocol import OneWriteHttpToolsProtocol
 from app.server import create_app
 from app.websocket_protocol import LeanWebSocketProtocol
 from schema.executor import FastFieldsExecutor
@@ -30,16 +32,16 @@ from tests.support import Fleet
 LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
 
 
-def test_the_old_name_sets_all_three(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_old_name_sets_all_four(monkeypatch: pytest.MonkeyPatch) -> None:
     for value in (True, False):
         given = Settings(fast_path=value)
-        assert [getattr(given, name) for name in FAST_PATH_PIECES] == [value] * 3
-    assert [getattr(Settings(), name) for name in FAST_PATH_PIECES] == [True] * 3 or (
+        assert [getattr(given, name) for name in FAST_PATH_PIECES] == [value] * 4
+    assert [getattr(Settings(), name) for name in FAST_PATH_PIECES] == [True] * 4 or (
         Settings().fast_path is False  # a plain-path run (tests/conftest.py)
     )
     monkeypatch.setenv("BETTERCOMPUTE_FAST_PATH", "false")
     plain = Settings.from_env()
-    assert [getattr(plain, name) for name in FAST_PATH_PIECES] == [False] * 3
+    assert [getattr(plain, name) for name in FAST_PATH_PIECES] == [False] * 4
 
 
 @pytest.mark.parametrize("piece", FAST_PATH_PIECES)
@@ -67,6 +69,7 @@ async def _served(settings: Settings) -> AsyncIterator[tuple[Starlette, uvicorn.
         application,
         host="127.0.0.1",
         port=free_port(),
+        http=http_protocol(settings),
         ws=websocket_protocol(settings),
         ws_per_message_deflate=False,
         lifespan="on",
@@ -93,8 +96,8 @@ def _answered() -> float:
 
 @pytest.mark.parametrize(
     "on",
-    [(), ("compiled_reads",), ("fast_executor",), ("lean_websocket",), FAST_PATH_PIECES],
-    ids=["none", "compiled_reads", "fast_executor", "lean_websocket", "fast_path"],
+    [(), *((piece,) for piece in FAST_PATH_PIECES), FAST_PATH_PIECES],
+    ids=["none", *FAST_PATH_PIECES, "fast_path"],
 )
 async def test_each_setting_switches_only_its_mechanism(
     on: tuple[str, ...],
@@ -146,3 +149,5 @@ async def test_each_setting_switches_only_its_mechanism(
     assert (operations == 3 - compiled) is ("fast_executor" in on), operations
     assert (operations == 0) is ("fast_executor" not in on), operations
     assert (LeanWebSocketProtocol in protocols) is ("lean_websocket" in on), protocols
+    # The HTTP client's connection, still open: each response in one write, or uvicorn's.
+    assert (OneWriteHttpToolsProtocol in protocols) is ("one_write_responses" in on), protocols

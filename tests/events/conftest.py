@@ -12,7 +12,7 @@ import pytest_asyncio
 import uvicorn
 from starlette.applications import Starlette
 
-from app.compat import websocket_protocol
+from app.compat import http_protocol, websocket_protocol
 from app.config import Settings
 from app.server import create_app
 from tests.events.brokers import free_port
@@ -32,14 +32,18 @@ async def running(settings: Settings) -> AsyncIterator[tuple[Starlette, Api]]:
 
 
 @asynccontextmanager
-async def served(settings: Settings) -> AsyncIterator[tuple[Starlette, str]]:
-    """The app behind a real uvicorn server on a free port: (app, "127.0.0.1:port")."""
+async def served(
+    settings: Settings, http: type[asyncio.Protocol] | None = None
+) -> AsyncIterator[tuple[Starlette, str]]:
+    """The app behind a real uvicorn server on a free port: (app, "127.0.0.1:port");
+    `http` in place of the HTTP protocol `serve` would pick."""
     application = create_app(settings)
     config = uvicorn.Config(
         application,
         host="127.0.0.1",
         port=free_port(),
-        ws=websocket_protocol(settings),  # as `bettercompute serve`
+        http=http or http_protocol(settings),  # as `bettercompute serve`
+        ws=websocket_protocol(settings),
         ws_per_message_deflate=False,
         lifespan="on",
         log_level="warning",
