@@ -14,9 +14,9 @@ answers exactly as the stock library would, only sooner, each switched by its ow
   handshake state;
 - `one-write responses` (`BETTERCOMPUTE_ONE_WRITE_RESPONSES`, app/http_protocol.py): a
   subclass of uvicorn's httptools protocol that hands each request's cycle a transport
-  sending what one loop turn writes as one write (checked: the constructor, that
-  `connection_made` and the websocket upgrade take what they took, that each cycle is
-  given the transport, the attributes the subclass reads);
+  sending what one loop turn writes as one write, on PostgreSQL (checked: the
+  constructor, that `connection_made` and the websocket upgrade take what they took,
+  that each cycle is given the transport, the attributes the subclass reads);
 - `shared event frames` (with the executor and our websocket handlers, untraced;
   schema/shared_frames.py): a subscription event already rendered for an identical
   request is written as the frame strawberry would send; the server checks that with
@@ -57,6 +57,7 @@ from typing import Any
 from graphql import GraphQLError, GraphQLSchema, build_schema, execute_sync, parse
 
 from app.config import Settings
+from app.db.embedded import is_embedded
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,13 @@ def websocket_protocol(settings: Settings) -> type[Any] | str:
 
 def http_protocol(settings: Settings) -> str:
     """The protocol for `uvicorn.run(http=...)` (or `uvicorn --http`), as an import string:
-    the one-write protocol when it can run, else uvicorn's own choice."""
-    if settings.one_write_responses and usable("one-write responses", _http_protocol_problem):
+    on PostgreSQL the one-write protocol when it can run, else uvicorn's own choice (on
+    the embedded SQLite default it measured no faster: app/http_protocol.py)."""
+    if (
+        settings.one_write_responses
+        and not is_embedded(settings.database_url)
+        and usable("one-write responses", _http_protocol_problem)
+    ):
         return ONE_WRITE_HTTP_PROTOCOL
     return STOCK_HTTP_PROTOCOL
 

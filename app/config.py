@@ -90,9 +90,10 @@ class Settings(BaseSettings):
     )
     one_write_responses: bool = setting(
         True,
-        "`serve`: each HTTP response sent to the socket in one write, head and body "
-        "together (app/http_protocol.py), when app/compat.py finds it can run; false: "
-        "uvicorn's own protocol (default: `BETTERCOMPUTE_FAST_PATH`)",
+        "`serve` on PostgreSQL: each HTTP response sent to the socket in one write at the "
+        "end of the event loop's turn (app/http_protocol.py), when app/compat.py finds it "
+        "can run; false, or on SQLite (no faster there): uvicorn's own protocol (default: "
+        "`BETTERCOMPUTE_FAST_PATH`)",
     )
     compiled_plan_cache_bytes: int = setting(
         16 * 1024 * 1024,

@@ -21,10 +21,10 @@ and seeds 1,000 pools owned by a provider tenant, offered to four tenants who se
 first 10, 100, 200 and 1,000 of them; each pool has 4 quota rows per tenant and 3 capacity
 rows; the tenant that sees 100 has 40 reservations in the first pool, every fourth released
 (its quota rows and the pool's capacity rows carry the active ones' bookings). Starts
-the real service (`uvicorn --factory app.server:app_from_env`, one process, the HTTP
-protocol `serve` picks,
-BETTERCOMPUTE_DATABASE_URL the database) and the floor (its own uvicorn process; one
-hand-written SQL statement per request builds the whole JSON answer: bench/floor.py
+the real service (`uvicorn --factory app.server:app_from_env` with the HTTP protocol
+`serve` picks, one process, BETTERCOMPUTE_DATABASE_URL the database) and the floor (its
+own uvicorn process; one hand-written SQL statement per request builds the whole JSON
+answer: bench/floor.py
 through asyncpg, bench/floor_sqlite.py through aiosqlite on the same file), checks that
 they answer the same data for every request below, then, for each query, runs wrk against
 the floor and the service in turn (16 connections, closed loop: the rate achieved is what
@@ -318,9 +318,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# The HTTP protocol `bettercompute serve` runs with these settings (app/compat.py): with
-# the fast path, each response in one write (app/http_protocol.py).
-SERVICE_HTTP = http_protocol(Settings.from_env())
+def service_http(url: str) -> str:
+    """The HTTP protocol `bettercompute serve` runs on `url` with these settings
+    (app/compat.py): on PostgreSQL with the fast path, each response in one write
+    (app/http_protocol.py)."""
+    return http_protocol(Settings.from_env().model_copy(update={"database_url": url}))
 
 
 def start_server(
@@ -1021,7 +1023,7 @@ async def measure(
     print(f"seeded {seeded.pools:,} pools in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         service, service_port = start_server(
-            ["--factory", "app.server:app_from_env", "--http", SERVICE_HTTP],
+            ["--factory", "app.server:app_from_env", "--http", service_http(store.url)],
             {"BETTERCOMPUTE_DATABASE_URL": store.url},
             logs / f"{dialect.name}-service.log",
         )
@@ -1094,7 +1096,8 @@ async def run_dialect(
         print(f"\n== {dialect.title} (version {store.version}); database: {dialect.database_cpu}")
         print(f"uptime at start: {uptime()}")
         print(
-            f"service: uvicorn --factory app.server:app_from_env --http {SERVICE_HTTP}, one"
+            "service: uvicorn --factory app.server:app_from_env --http"
+            f" {service_http(store.url)}, one"
             f" process (the protocol `serve` picks), on {store.url}; floor:"
             f" {dialect.floor_text}, its own uvicorn process with uvicorn's own protocol"
             " (--http auto)",

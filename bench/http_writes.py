@@ -1,19 +1,19 @@
 """Benchmark: one write per HTTP response (app/http_protocol.py) against uvicorn's own
-protocol, the same service otherwise.
+protocol, the same service otherwise, on PostgreSQL (where `serve` runs it).
 
-Two `bettercompute serve` processes on one demo database (seeded by `serve --demo`; the
-embedded SQLite default, then a fresh PostgreSQL database): one with
-BETTERCOMPUTE_ONE_WRITE_RESPONSES on (each response's head and body in one socket
-write), one with it off (uvicorn's httptools protocol: the head, then the body). For each
-request below, wrk (16 connections, one thread) runs against each in turn, alternating
-which goes first over the rounds, after a warm-up of each. Printed per round: the rate,
-p50, and the CPU per request of the server and of wrk; then per request the ratios of the
-means, one write over uvicorn's.
+Two `bettercompute serve` processes on one fresh PostgreSQL database seeded by `serve
+--demo`: one with BETTERCOMPUTE_ONE_WRITE_RESPONSES on (what one turn of the event loop
+writes to a socket leaves in one write at the turn's end), one with it off (uvicorn's
+httptools protocol: a response's head, then its body). For each request below, wrk (16
+connections, one thread) runs against each in turn, alternating which goes first over the
+rounds, after a warm-up of each. Printed per round: the rate, p50, and the CPU per request
+of the server and of wrk; then per request the ratios of the means, one write over
+uvicorn's.
 
 What limits it: each server is one Python process, its CPU printed beside its rate (near
 100% of a core: the server is the limit; well under it: wrk or the machine).
 
-    .venv/bin/python -m bench.http_writes [--seconds 5] [--rounds 3] [--dialect both]
+    .venv/bin/python -m bench.http_writes [--seconds 5] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.database import bench_database, bench_sqlite_database
+from app.compat import http_protocol
+from app.config import Settings
+from bench.database import bench_database
 from bench.graphql_pools import free_port, uptime
 from bench.native_load import HttpRequest, LoadGenerator, ensure_generator
 from bench.proc import cpu_s
@@ -110,12 +112,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="each round (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each (default 3)")
-    parser.add_argument(
-        "--dialect",
-        choices=("sqlite", "postgresql", "both"),
-        default="both",
-        help="the demo database: the embedded default, a fresh PostgreSQL one, or each",
-    )
     args = parser.parse_args()
     generator = ensure_generator()
     print(
@@ -123,20 +119,23 @@ def main() -> None:
         f" {args.rounds} rounds of {args.seconds:g} s each after a 2 s warm-up of each,"
         " alternating which server goes first"
     )
-    for dialect in ("sqlite", "postgresql") if args.dialect == "both" else (args.dialect,):
-        asyncio.run(_measure(dialect, generator, args.rounds, args.seconds))
+    asyncio.run(_measure(generator, args.rounds, args.seconds))
 
 
-async def _measure(dialect: str, generator: LoadGenerator, rounds: int, seconds: float) -> None:
-    store = bench_sqlite_database() if dialect == "sqlite" else bench_database()
-    async with store as database:
+async def _measure(generator: LoadGenerator, rounds: int, seconds: float) -> None:
+    async with bench_database() as database:
         with tempfile.TemporaryDirectory(prefix="bc-http-writes-") as logs:
             one_write, demo = _serve(database, True, Path(logs) / "one-write.log", demo=True)
             stock, _ = _serve(database, False, Path(logs) / "stock.log", demo=False)
             try:
+                protocols = [
+                    http_protocol(Settings(database_url=database, one_write_responses=on))
+                    for on in (True, False)
+                ]
                 print(
-                    f"\n== {dialect}: bettercompute serve --demo on {database}, one process"
-                    " each, BETTERCOMPUTE_ONE_WRITE_RESPONSES=true / false"
+                    f"\nbettercompute serve --demo on {database}, one process each,"
+                    " BETTERCOMPUTE_ONE_WRITE_RESPONSES=true / false: HTTP protocols"
+                    f" {protocols[0]} / {protocols[1]}"
                 )
                 print(f"uptime at start: {uptime()}")
                 _compare(generator, (one_write, stock), _requests(demo), rounds, seconds)

@@ -130,13 +130,15 @@ async def test_pipelined_requests_and_close_answer_whole_and_in_order(database_u
     assert rest.count(b"HTTP/1.1 ") == 1 and b"HTTP/1.1 404 " in rest, raw
 
 
-LARGE = bytes(range(256)) * 1024  # 256 KiB, past HOLD_AT_MOST
+LARGE = bytes(range(256)) * 1024  # 256 KiB: more than one send of the socket's
 CHUNKS = [bytes([n]) * 10_000 for n in range(20)]
 
 
 async def _large_and_streamed(request: Request) -> Response:
     if request.url.path == "/large":
         return Response(LARGE, media_type="application/octet-stream")
+    if request.url.path == "/echo":
+        return Response(await request.body(), media_type="application/octet-stream")
 
     async def chunks() -> AsyncIterator[bytes]:
         for chunk in CHUNKS:
@@ -149,7 +151,13 @@ async def _large_and_streamed(request: Request) -> Response:
 @asynccontextmanager
 async def _uvicorn(app: Any, protocol: type[asyncio.Protocol]) -> AsyncIterator[str]:
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=free_port(), http=protocol, lifespan="off", log_level="warning"
+        app,
+        host="127.0.0.1",
+        port=free_port(),
+        http=protocol,
+        lifespan="off",
+        log_level="warning",
+        timeout_keep_alive=60,  # an idle connection's close would send what is held
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
@@ -163,13 +171,18 @@ async def _uvicorn(app: Any, protocol: type[asyncio.Protocol]) -> AsyncIterator[
         await serving
 
 
+_ROUTES = [
+    Route("/large", _large_and_streamed),
+    Route("/s", _large_and_streamed),
+    Route("/echo", _large_and_streamed, methods=["POST"]),
+]
+
+
 async def test_large_and_streamed_bodies_leave_whole() -> None:
-    """A body past HOLD_AT_MOST is written as soon as the bound is passed, its head with
-    it; a streamed body arrives whole and in order, a write per chunk (none held back)."""
-    routes = [Route("/large", _large_and_streamed), Route("/s", _large_and_streamed)]
-    app = Starlette(routes=routes)
+    """A large body leaves with its head in one write; a streamed body arrives whole and
+    in order, its head with the first chunk and each later chunk as it is written."""
     async with (
-        _uvicorn(app, CountedOneWrite) as address,
+        _uvicorn(Starlette(routes=_ROUTES), CountedOneWrite) as address,
         httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as client,
     ):
         WRITES.clear()
@@ -180,9 +193,47 @@ async def test_large_and_streamed_bodies_leave_whole() -> None:
         streamed_writes = len(WRITES)
     assert large.content == LARGE and large_writes == 1
     assert streamed.content == b"".join(CHUNKS)
-    # The head joins the first chunk, each later chunk leaves in its own turn, and the
-    # chunked encoding's end (Starlette sends it a turn after the last chunk) in one more.
+    # The head joins the first chunk; the chunked encoding's end, sent by Starlette a
+    # turn after the last chunk, is one write more.
     assert streamed_writes == len(CHUNKS) + 1
+
+
+async def test_a_head_with_no_body_leaves_when_its_response_ends() -> None:
+    """HEAD (uvicorn writes no body): the head goes out as the response completes, on a
+    connection kept open with nothing written after it."""
+    async with _uvicorn(Starlette(routes=_ROUTES), CountedOneWrite) as address:
+        host, port = address.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"HEAD /large HTTP/1.1\r\nhost: t\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: 262144" in head, head
+
+
+async def test_100_continue_is_not_held() -> None:
+    """A client that waits for 100 Continue before its body gets it at once (an interim
+    head is never held: held, both sides would wait on each other)."""
+    body = b"x" * 1000
+    async with _uvicorn(Starlette(routes=_ROUTES), CountedOneWrite) as address:
+        host, port = address.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(
+                b"POST /echo HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\n"
+                b"content-length: 1000\r\nconnection: close\r\n\r\n"
+            )
+            await writer.drain()
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(body)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 30)
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(body), answer[:200]
 
 
 UPGRADED: list[asyncio.BaseProtocol] = []
@@ -226,10 +277,14 @@ def test_a_changed_uvicorn_http_protocol_serves_uvicorns_own(
     def renamed(self: Any, the_transport: Any) -> None:
         raise AssertionError("never called")
 
-    assert compat.http_protocol(Settings(fast_path=True)) == compat.ONE_WRITE_HTTP_PROTOCOL
-    assert compat.http_protocol(Settings(one_write_responses=False)) == "auto"
+    on_postgresql = Settings(fast_path=True, database_url="postgresql+asyncpg://h/db")
+    assert compat.http_protocol(on_postgresql) == compat.ONE_WRITE_HTTP_PROTOCOL
+    off = on_postgresql.model_copy(update={"one_write_responses": False})
+    assert compat.http_protocol(off) == "auto"
+    # The embedded default serves with uvicorn's own (measured no faster there).
+    assert compat.http_protocol(Settings(fast_path=True, database_url="sqlite:///x.db")) == "auto"
     monkeypatch.setattr(HttpToolsProtocol, "connection_made", renamed)
     with caplog.at_level(logging.WARNING):
-        assert compat.http_protocol(Settings(fast_path=True)) == "auto"
+        assert compat.http_protocol(on_postgresql) == "auto"
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "app.compat"]
     assert warning.startswith("one-write responses cannot run (HttpToolsProtocol.connection_made")
