@@ -30,14 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from app.compat import http_protocol
 from app.config import Settings
 from bench.database import bench_database
 from bench.graphql_pools import free_port, uptime
 from bench.native_load import HttpRequest, LoadGenerator, ensure_generator
-from bench.proc import cpu_s
+from bench.proc import cpu_s, until_ready
 
 CONNECTIONS = 16
 SIDES = ("one write", "uvicorn's")
@@ -70,17 +68,8 @@ def _serve(database: str, one_write: bool, log: Path, demo: bool) -> tuple[Serve
         stderr=log.open("wb"),
     )
     first = process.stdout.readline().decode() if demo and process.stdout else ""
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return Served(process, port), first
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"serve did not start:\n{log.read_text()}")
+    until_ready(process, port, log)
+    return Served(process, port), first
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""What a benchmark reads of a process from /proc (Linux)."""
+"""What a benchmark reads of a process from /proc (Linux), and when a server it started
+is ready."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -59,3 +64,25 @@ class Profiler:
             self.running.send_signal(signal.SIGINT)
             self.running.wait(30)
             self.running = None
+
+
+def until_ready(
+    process: subprocess.Popen[bytes],
+    port: int,
+    log: Path,
+    also: Callable[[], bool] = lambda: True,
+) -> None:
+    """Until the server on `port` answers /readyz with 200 and `also()` holds (two
+    minutes at most); if it exits or never does, it is killed and its log raised."""
+    for _ in range(1200):
+        try:
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            if ready and also():
+                return
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"serve did not start:\n{log.read_text()}")

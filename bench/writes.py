@@ -78,7 +78,7 @@ from bench.graphql_pools import (
     uptime,
 )
 from bench.native_load import _lua_string, _marked_json, _run_child, ensure_wrk
-from bench.proc import Profiler, cpu_s
+from bench.proc import Profiler, cpu_s, until_ready
 from bench.usage_watch import UsageWatch, summary
 
 CONNECTIONS = 16
@@ -515,18 +515,8 @@ def start_serve(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    for _ in range(1200):
-        try:
-            ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-            if ready and (workers == 1 or len(tree(process.pid)) > workers):
-                return process, port
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"serve did not start:\n{log.read_text()}")
+    until_ready(process, port, log, lambda: workers == 1 or len(tree(process.pid)) > workers)
+    return process, port
 
 
 @dataclass

@@ -32,7 +32,7 @@ from schema.executor import FastFieldsExecutor
 from schema.view import GraphQLView
 from schema.websockets import LegacyWSHandler
 from tests.events.conftest import served
-from tests.events.test_websocket import LIGHT_EVENTS, Stream, http_api, subscribed, ws_client
+from tests.events.test_websocket import a_created_event_streams
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
 
@@ -212,7 +212,7 @@ async def test_changed_handler_methods_leave_strawberrys_handlers_serving(
             view = _view(app)
             assert view.graphql_ws_handler_class is BaseGraphQLWSHandler
             assert GraphQLView.graphql_ws_handler_class is LegacyWSHandler  # the class keeps ours
-            await _an_event_streams(app, address, fleet, "graphql-ws")
+            await a_created_event_streams(app, address, fleet, "graphql-ws")
 
 
 async def test_a_changed_uvicorn_protocol_serves_uvicorns_own(
@@ -228,16 +228,4 @@ async def test_a_changed_uvicorn_protocol_serves_uvicorns_own(
     (warning,) = _warnings(caplog)
     assert warning.startswith("websocket protocol cannot run (WebSocketsSansIOProtocol.send")
     async with served(settings) as (app, address):  # served() asks compat the same
-        await _an_event_streams(app, address, fleet, "graphql-transport-ws")
-
-
-async def _an_event_streams(app: Starlette, address: str, fleet: Fleet, protocol: str) -> None:
-    async with http_api(address) as api:
-        s = await Scene.start(api, fleet)
-        stream = Stream(ws_client(address, s.token, protocol), LIGHT_EVENTS, tenantId="acme")
-        try:
-            await subscribed(app, 1)
-            await s.pool()
-            assert (await stream.next())["type"] == "pool.created"
-        finally:
-            await stream.close()
+        await a_created_event_streams(app, address, fleet, "graphql-transport-ws")

@@ -29,9 +29,8 @@ from app.http_protocol import OneWriteHttpToolsProtocol, OneWriteTransport
 from app.websocket_protocol import LeanWebSocketProtocol
 from tests.events.brokers import free_port
 from tests.events.conftest import served
-from tests.events.test_websocket import LIGHT_EVENTS, Stream, subscribed, ws_client
-from tests.rest.scene import Scene
-from tests.support import Api, Fleet
+from tests.events.test_websocket import a_created_event_streams
+from tests.support import Fleet
 
 LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id class } } }'
 
@@ -252,20 +251,8 @@ async def test_a_websocket_upgrade_hands_over_the_sockets_transport(
     its frames per turn itself), and an event streams to it."""
     settings = Settings(database_url=database_url, fast_path=True)
     UPGRADED.clear()
-    async with (
-        served(settings, http=RecordsUpgrades) as (app, address),
-        httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as client,
-    ):
-        s = await Scene.start(Api(client), fleet)
-        stream = Stream(
-            ws_client(address, s.token, "graphql-transport-ws"), LIGHT_EVENTS, tenantId="acme"
-        )
-        try:
-            await subscribed(app, 1)
-            await s.pool()
-            assert (await stream.next())["type"] == "pool.created"
-        finally:
-            await stream.close()
+    async with served(settings, http=RecordsUpgrades) as (app, address):
+        await a_created_event_streams(app, address, fleet, "graphql-transport-ws")
     (websocket,) = UPGRADED
     assert isinstance(websocket, LeanWebSocketProtocol)
     assert not isinstance(websocket.transport, OneWriteTransport)

@@ -93,6 +93,21 @@ async def subscribed(app: Starlette, count: int) -> None:
     await wait_until(lambda: app.state.relay.subscriptions >= count, within_s=WAIT_S)
 
 
+async def a_created_event_streams(
+    app: Starlette, address: str, fleet: Fleet, protocol: str
+) -> None:
+    """Over `protocol`, a subscriber of a new tenant receives its first pool's creation."""
+    async with http_api(address) as api:
+        s = await Scene.start(api, fleet)
+        stream = Stream(ws_client(address, s.token, protocol), LIGHT_EVENTS, tenantId="acme")
+        try:
+            await subscribed(app, 1)
+            await s.pool()
+            assert (await stream.next())["type"] == "pool.created"
+        finally:
+            await stream.close()
+
+
 @asynccontextmanager
 async def http_api(address: str) -> AsyncIterator[Api]:
     async with httpx.AsyncClient(base_url=f"http://{address}", timeout=WAIT_S) as client:
