@@ -504,7 +504,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        http=http_protocol(settings),  # each response in one write (app/http_protocol.py)
+        http=http_protocol(settings),  # PostgreSQL: one write per response (app/http_protocol.py)
         # websockets-sansio, lighter per idle connection on the fast path (app/compat.py)
         ws=websocket_protocol(settings),
         # Websocket pings find dead peers of both subscription protocols; no per-message
