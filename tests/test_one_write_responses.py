@@ -1,7 +1,8 @@
 """app/http_protocol.py: each HTTP response leaves in one write, through a real uvicorn
 server and the real app, where uvicorn's own protocol writes two; pipelined requests,
-`connection: close`, bodies past the holding bound and the websocket upgrade still go out
-whole and in order; and when uvicorn's internals change, `serve` runs uvicorn's own.
+`connection: close`, HEAD, 100 Continue, bodies past the holding bound, streamed bodies
+and the websocket upgrade still go out whole, in order and at once; and `serve` runs
+uvicorn's own protocol on SQLite, or when uvicorn's internals change.
 
 The writes are counted by a layer under the protocol's transport that passes each one
 on to the socket (the socket's transport, uvloop's, cannot be wrapped in place)."""
