@@ -231,8 +231,10 @@ def _engine(
 ) -> AsyncEngine:
     """A pool of connections to `url` whose wait for a connection is bounded, and whose
     bound values (a pool policy's join token among them) never reach a log line or an
-    exception's message, even with SQL logging on: every engine of the service."""
-    return create_async_engine(
+    exception's message, even with SQL logging on: every engine of the service. A
+    PostgreSQL connection is checked at checkout: by a ping, or else, with no round trip,
+    by whether the server closed it while idle."""
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -241,6 +243,9 @@ def _engine(
         hide_parameters=True,
         connect_args=connect_args or {},
     )
+    if not ping and engine.dialect.name == "postgresql":
+        refuse_closed_on_checkout(engine)
+    return engine
 
 
 def create_database(url: str, settings: Settings | None = None) -> Database:
@@ -285,8 +290,6 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         # asyncpg connection garbage-collected unclosed, now and then (not yet understood).
         ping=pgbouncer,
     )
-    if not pgbouncer:
-        refuse_closed_on_checkout(engine)
     if pgbouncer:
 
         @event.listens_for(engine.sync_engine, "begin")
@@ -324,5 +327,4 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
             max_overflow=0,
             connect_args={**connect_args, "server_settings": server_settings},
         )
-        refuse_closed_on_checkout(relay)
     return Database(url, engine, engine, direct, driver, relay=relay)
