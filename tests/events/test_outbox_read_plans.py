@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import Select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,6 +27,7 @@ from app.events.reader import (
     read_events_query,
     read_uncovered_query,
 )
+from tests.db.faults import postgres_dsn
 from tests.events.support import settle, subscribe
 from tests.rest.scene import Scene
 from tests.support import Api, Fleet
@@ -61,28 +63,33 @@ async def _generic_plan(db: Database, statement: Select[Any], params: dict[str, 
 
 async def _grow_outbox(db: Database) -> None:
     """EVENTS more events of the size the service writes, over 50 pools, each for two
-    tenants, and the statistics that say so."""
-    async with db.writer.begin() as conn:
-        # A fixture's bulk load, not a request: the service's statement timeout is not its.
-        await conn.execute(text("SET LOCAL statement_timeout = 0"))
-        await conn.execute(
-            text(
+    tenants, and the statistics that say so.
+
+    A fixture's bulk load, not a request: it runs on its own connection to the server,
+    without the service's statement timeout or its client-side bound on a command, which
+    a loaded CI machine has outlasted."""
+    connection = await asyncpg.connect(postgres_dsn(db.url), timeout=10)
+    try:
+        async with connection.transaction():
+            await connection.execute("SET LOCAL statement_timeout = 0")
+            await connection.execute(
                 "INSERT INTO events (tx, type, pool_id, tenant_id, occurred_at, data)"
                 " SELECT g, 'pool.updated', 'p' || (g % 50), 'acme', now(),"
                 " jsonb_build_object('version', g, 'note', repeat('x', 400))"
-                " FROM generate_series(1, :n) AS g"
-            ),
-            {"n": EVENTS},
-        )
-        await conn.execute(
-            text(
+                " FROM generate_series(1, $1::int) AS g",
+                EVENTS,
+                timeout=None,
+            )
+            await connection.execute(
                 "INSERT INTO event_audience (seq, tenant_id)"
                 " SELECT seq, t FROM events, (VALUES ('acme'), ('guest')) AS a(t)"
-                " WHERE NOT EXISTS (SELECT 1 FROM event_audience x WHERE x.seq = events.seq)"
+                " WHERE NOT EXISTS (SELECT 1 FROM event_audience x WHERE x.seq = events.seq)",
+                timeout=None,
             )
-        )
-        await conn.execute(text("ANALYZE events"))
-        await conn.execute(text("ANALYZE event_audience"))
+            await connection.execute("ANALYZE events", timeout=None)
+            await connection.execute("ANALYZE event_audience", timeout=None)
+    finally:
+        await connection.close()
 
 
 @pytest.fixture
