@@ -35,13 +35,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
+import app.events.relay as relay_module
 from app.capacity.inputs import CreatePoolInput, UpdatePoolInput, parse_input
 from app.capacity.inventory import create_site, create_tenant
 from app.capacity.service import Capacity
@@ -257,7 +258,7 @@ async def _delivery(
     capacity = Capacity(db, notify)
     await relay.start()
     received: dict[Position, float] = {}
-    subscription = await relay.open(_Owner(), None)  # type: ignore[arg-type]
+    subscription = await relay.open(_Owner(), None)
 
     async def read() -> None:
         async for item in subscription.stream():
@@ -282,6 +283,36 @@ async def _delivery(
     await relay.stop()
     latencies = [(received[p] - at) * 1000 for p, at in committed.items() if p in received]
     return latencies, len(committed) - len(latencies)
+
+
+@contextlib.contextmanager
+def _timed_relay_reads(round_trips: list[float]) -> Iterator[None]:
+    """Each relay read's wall time in ms as the relay awaits it (its round trip: its
+    process's and its backend's waits for a core included), appended to `round_trips`.
+    A bench instrument: the relay module's name for the read, wrapped for the run."""
+    original = relay_module.read_uncovered  # type: ignore[attr-defined]
+
+    async def timed(*args: Any, **kwargs: Any) -> tuple[list[OutboxEvent], int]:
+        began = time.perf_counter()
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            round_trips.append((time.perf_counter() - began) * 1000)
+
+    relay_module.read_uncovered = timed  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        relay_module.read_uncovered = original  # type: ignore[attr-defined]
+
+
+async def _timer_lateness(late: list[float], period: float) -> None:
+    """How late a `period` sleep wakes in this process, in ms, appended to `late` until
+    cancelled: what the relay's poll of the same length waits beyond it."""
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(period)
+        late.append(max(0.0, (time.perf_counter() - began - period) * 1000))
 
 
 async def _relay_read_times(db: Database) -> None:
@@ -337,13 +368,15 @@ async def _delivery_from_pgbench(
     (pgbench's log: the k-th event of a pool is its client's k-th transaction, one writer
     per pool, none rolled back), the measure the in-process writers take."""
     relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=0.005)  # type: ignore[arg-type]
+    round_trips: list[float] = []
+    late: list[float] = []
     async with db.writer.connect() as conn:  # the relay reads' own figures, this run only
         await conn.execute(text("SELECT pg_stat_statements_reset()"))
         await conn.commit()
     await relay.start()
     from_insert: list[float] = []
     received: dict[str, list[float]] = {}
-    subscription = await relay.open(_Owner(), None)  # type: ignore[arg-type]
+    subscription = await relay.open(_Owner(), None)
 
     async def read() -> None:
         async for item in subscription.stream():
@@ -352,11 +385,20 @@ async def _delivery_from_pgbench(
             received.setdefault(item.pool_id, []).append(now)
 
     reader = asyncio.create_task(read())
-    with tempfile.TemporaryDirectory() as logs:
+    with tempfile.TemporaryDirectory() as logs, _timed_relay_reads(round_trips):
         prefix = os.path.join(logs, "tx")
+        ticker = asyncio.create_task(_timer_lateness(late, 0.005))
         tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix)
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
         print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
         await _relay_read_times(db)
+        print(
+            f"  (the same read as the relay saw it, from sent to rows: {len(round_trips)} calls,"
+            f" p50 {_pct(round_trips, 0.5):.1f} ms, p90 {_pct(round_trips, 0.9):.1f} ms;"
+            f" a 5 ms timer in this process woke late by p50 {_pct(late, 0.5):.1f} ms,"
+            f" p90 {_pct(late, 0.9):.1f} ms)"
+        )
         await asyncio.sleep(1.0)  # the last commits' events
         commits = _commits(prefix)
     reader.cancel()
@@ -388,7 +430,7 @@ async def main(seconds: float, clients: int) -> None:
             print(f"  one update issues {len(statements)} statements (+ BEGIN/COMMIT):")
             for s in statements:
                 print(f"    {s[:150]}")
-            results = {}
+            results: dict[str, list[tuple[float, float]]] = {}
             for variant in ("bare", "new", "old", "new", "bare"):
                 tps, waiting = await _pgbench(
                     url, _script(statements, pools, variant), clients, seconds
