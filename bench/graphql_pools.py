@@ -407,6 +407,10 @@ class Processes:
         return {
             "service": cpu_s(self.service),
             "floor": cpu_s(self.floor),
+            # Each one's main thread, where its event loop runs (on SQLite the rest of a
+            # process's CPU is aiosqlite's threads, which share the loop's one GIL).
+            "service loop": cpu_s(self.service, thread=self.service),
+            "floor loop": cpu_s(self.floor, thread=self.floor),
             "machine": machine_busy_s(),
         }
 
@@ -859,10 +863,13 @@ def cpu_percent(run: Run, name: str) -> float:
     return 100 * run.cpu_s[name] / run.load.seconds
 
 
-def cpu_cells(run: Run) -> str:
-    """The CPU columns of a run: the service, the floor, wrk, the database, the machine and
-    the rest of it, % of one core each."""
-    cells = [f"{cpu_percent(run, name):{width}.0f}%" for name, width in SHARES[:3]]
+def cpu_cells(run: Run, target: str) -> str:
+    """The CPU columns of a run: the service, the floor, the event loop's thread of the
+    one measured (`target`), wrk, the database, the machine and the rest of it, % of one
+    core each."""
+    cells = [f"{cpu_percent(run, name):{width}.0f}%" for name, width in SHARES[:2]]
+    cells.append(f"{cpu_percent(run, f'{target} loop'):5.0f}%")
+    cells += [f"{cpu_percent(run, name):{width}.0f}%" for name, width in SHARES[2:3]]
     cells.append(
         f"{'in proc':>8}"
         if run.database_s is None
@@ -901,13 +908,17 @@ def print_tables(dialect: Dialect, results: list[tuple[Case, dict[str, Side]]]) 
     print(
         f"\n{dialect.title}: what limits each run: the rate asked (closed loop: saturate with N"
         " connections) and achieved, and the CPU of each process over the run, % of one core"
-        f" (database: {dialect.database_cpu}; machine: all of its"
+        " (loop: the main thread of the process measured, where its event loop runs; on"
+        " SQLite its other threads are aiosqlite's, which take the same GIL to run each"
+        " statement and hand its rows back;"
+        f" database: {dialect.database_cpu}; machine: all of its"
         f" {os.cpu_count()} cores, at most {100 * (os.cpu_count() or 1)}%; others: the machine"
         " less the processes of the bench, what else ran)"
     )
     header = (
         f"{'query':<40} {'target':<8} {'asked':<18} {'req/s':>8} {'p50 ms':>8}  "
-        f"{'service':>7} {'floor':>6} {'wrk':>5} {'database':>8} {'machine':>7} {'others':>6}"
+        f"{'service':>7} {'floor':>6} {'loop':>6} {'wrk':>5} {'database':>8} {'machine':>7}"
+        f" {'others':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -920,7 +931,7 @@ def print_tables(dialect: Dialect, results: list[tuple[Case, dict[str, Side]]]) 
             for asked, run in labelled:
                 print(
                     f"{case.name:<40} {target:<8} {asked:<18} {run.load.per_second:8.1f} "
-                    f"{run.load.p50_ms:8.2f}  {cpu_cells(run)}"
+                    f"{run.load.p50_ms:8.2f}  {cpu_cells(run, target)}"
                 )
 
 

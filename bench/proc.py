@@ -16,10 +16,13 @@ import httpx
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 once it is gone)."""
+def cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process so far, or of one of its threads (its main
+    thread: `thread=pid`); 0 once it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(
+            f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+        ).read_text()
     except FileNotFoundError:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()

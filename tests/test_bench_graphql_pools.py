@@ -150,10 +150,18 @@ async def test_the_quick_run_prints_every_row(
         # `times` is printed to 0.1 and the two means to 0.01: 0.66 shows as 0.7.
         worst = 0.05 + 0.005 * (1 + seq_service / seq_floor) / seq_floor
         assert float(times[:-1]) == pytest.approx(seq_service / seq_floor, abs=worst), row
-        # What limits it: a CPU line for each target, under load and one at a time, the
-        # database's own CPU on PostgreSQL, "in proc" on SQLite.
+        # What limits it: a CPU line for each target, under load and one at a time: the
+        # service, the floor, the main thread of the one measured (part of its process's
+        # CPU), wrk, the database's own CPU on PostgreSQL ("in proc" on SQLite).
         database = r"\d+%" if dialect == "postgresql" else "in proc"
         for target in ("floor", "service"):
             for asked in ("saturate, 16 conns", "saturate, 1 conn "):
-                cpu = rf"{re.escape(name)} +{target} +{asked} .* {database} +\d+% +-?\d+%$"
-                assert any(re.match(cpu, line) for line in lines), (name, target, asked)
+                cpu = (
+                    rf"{re.escape(name)} +{target} +{asked} +[\d.]+ +[\d.]+ +(\d+)% +(\d+)%"
+                    rf" +(\d+)% +\d+% +{database} +\d+% +-?\d+%$"
+                )
+                found = [m for m in map(re.compile(cpu).match, lines) if m]
+                assert found, (name, target, asked)
+                service_cpu, floor_cpu, loop = (int(found[0][n]) for n in (1, 2, 3))
+                ours = service_cpu if target == "service" else floor_cpu
+                assert 0 < loop <= ours + 1, found[0].string  # each rounded to 1%
