@@ -65,12 +65,18 @@ RELAY_CONNECTIONS = 2
 # connection as the outbox grew (docs/performance.md "Figures").
 RELAY_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 _PLAN_EACH_READ = select(*(func.set_config(k, v, True) for k, v in RELAY_SETTINGS.items()))
+# An execution option of the engine behind PgBouncer: there every statement is the
+# unnamed one (`pgbouncer_connect_args`), parsed and planned for its values each time.
+_PLANNED_EACH_TIME = "bettercompute_planned_each_time"
 
 
 async def plan_each_read(conn: AsyncConnection) -> None:
     """RELAY_SETTINGS for the rest of `conn`'s transaction, on PostgreSQL: the relay's
-    plans for position reads on a shared connection (one round trip)."""
-    if conn.dialect.name == "postgresql":
+    plans for position reads on a shared connection (one round trip; none behind
+    PgBouncer, where each statement is planned for its values anyway)."""
+    if conn.dialect.name == "postgresql" and not conn.sync_engine.get_execution_options().get(
+        _PLANNED_EACH_TIME
+    ):
         await conn.execute(_PLAN_EACH_READ)
 
 
@@ -228,6 +234,7 @@ def _engine(
     max_overflow: int,
     connect_args: dict[str, Any] | None = None,
     ping: bool = False,
+    execution_options: dict[str, Any] | None = None,
 ) -> AsyncEngine:
     """A pool of connections to `url` whose wait for a connection is bounded, and whose
     bound values (a pool policy's join token among them) never reach a log line or an
@@ -242,6 +249,7 @@ def _engine(
         pool_pre_ping=ping,
         hide_parameters=True,
         connect_args=connect_args or {},
+        execution_options=execution_options or {},
     )
     if not ping and engine.dialect.name == "postgresql":
         refuse_closed_on_checkout(engine)
@@ -289,6 +297,7 @@ def create_database(url: str, settings: Settings | None = None) -> Database:
         # Behind PgBouncer the pool still pings: without it the PgBouncer suite met an
         # asyncpg connection garbage-collected unclosed, now and then (not yet understood).
         ping=pgbouncer,
+        execution_options={_PLANNED_EACH_TIME: True} if pgbouncer else None,
     )
     if pgbouncer:
 

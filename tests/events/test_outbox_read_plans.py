@@ -13,13 +13,13 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import Select, text
+from sqlalchemy import Select, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.applications import Starlette
 
 from app.capacity.service import Capacity
 from app.db.engine import RELAY_APPLICATION_NAME, Database
-from app.events.cursor import BIGINT_MAX, DeliveryState, Position
+from app.events.cursor import BIGINT_MAX, START, DeliveryState, Position
 from app.events.reader import (
     committed_above_horizon_query,
     horizon_and_uncovered_query,
@@ -61,8 +61,8 @@ async def _generic_plan(db: Database, statement: Select[Any], params: dict[str, 
     return _nodes(plan[0]["Plan"])
 
 
-async def _grow_outbox(db: Database) -> None:
-    """EVENTS more events of the size the service writes, over 50 pools, each for two
+async def _grow_outbox(db: Database, events: int = EVENTS) -> None:
+    """`events` more events of the size the service writes, over 50 pools, each for two
     tenants, and the statistics that say so.
 
     A fixture's bulk load, not a request: it runs on its own connection to the server,
@@ -77,7 +77,7 @@ async def _grow_outbox(db: Database) -> None:
                 " SELECT g, 'pool.updated', 'p' || (g % 50), 'acme', now(),"
                 " jsonb_build_object('version', g, 'note', repeat('x', 400))"
                 " FROM generate_series(1, $1::int) AS g",
-                EVENTS,
+                events,
                 timeout=None,
             )
             await connection.execute(
@@ -202,6 +202,34 @@ async def test_a_replays_reads_are_planned_for_their_position_on_a_shared_connec
     assert plans, "the replay's read was not prepared on its connection"
     assert all(generic == 0 for generic, _ in plans), plans
     assert sum(custom for _, custom in plans) >= 11, plans
+
+
+async def test_a_replays_read_asks_for_its_own_plans_only_where_plans_are_kept(
+    db: Database,
+) -> None:
+    """On a shared connection the replay's read first sets its plans for the transaction
+    (one statement); behind PgBouncer, where every statement is the unnamed one, parsed
+    and planned for its values each time, it sends none: a round trip for nothing."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    await _grow_outbox(db, 3)
+    target = DeliveryState(Position(BIGINT_MAX, BIGINT_MAX))
+    event.listen(db.reader.sync_engine, "before_cursor_execute", record)
+    try:
+        async with db.reader.connect() as conn:
+            events = await read_between(
+                conn, DeliveryState(START), target, limit=500, tenants=["acme"]
+            )
+            await conn.rollback()
+    finally:
+        event.remove(db.reader.sync_engine, "before_cursor_execute", record)
+    assert events, "the replay read nothing"
+    assert any("FROM events" in statement for statement, _ in sent), sent
+    planning = [s for s, parameters in sent if "plan_cache_mode" in str(parameters)]
+    assert len(planning) == (0 if db.pooled_by_transaction else 1), sent
 
 
 async def test_a_running_relay_reads_on_its_own_connections(
