@@ -7,26 +7,19 @@ wins."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 import websockets
 from prometheus_client import REGISTRY
-from starlette.applications import Starlette
 
-from app.compat import http_protocol, websocket_protocol
 from app.config import FAST_PATH_PIECES, Settings
 from app.http_protocol import OneWriteHttpToolsProtocol
-from app.server import create_app
 from app.websocket_protocol import LeanWebSocketProtocol
 from schema.executor import FastFieldsExecutor
-from tests.events.brokers import free_port
+from tests.events.conftest import served_by
 from tests.support import Fleet
 
 LIST_POOLS = 'query { pools(tenantId: "acme", first: 10) { nodes { id } } }'
@@ -58,35 +51,6 @@ def test_a_specific_setting_beside_the_old_name_wins(
     assert {name: getattr(given, name) for name in FAST_PATH_PIECES} == {
         name: name != piece for name in FAST_PATH_PIECES
     }
-
-
-@asynccontextmanager
-async def _served(settings: Settings) -> AsyncIterator[tuple[Starlette, uvicorn.Server, str]]:
-    """The app behind uvicorn as `bettercompute serve` runs it (the protocol class from
-    app/compat.py), with the server, whose state holds each connection's protocol."""
-    application = create_app(settings)
-    config = uvicorn.Config(
-        application,
-        host="127.0.0.1",
-        port=free_port(),
-        http=http_protocol(settings),
-        ws=websocket_protocol(settings),
-        ws_per_message_deflate=False,
-        lifespan="on",
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise RuntimeError("uvicorn exited before it started")
-            await asyncio.sleep(0.01)
-        yield application, server, f"127.0.0.1:{config.port}"
-    finally:
-        server.should_exit = True
-        await serving
 
 
 def _answered() -> float:
@@ -125,7 +89,7 @@ async def test_each_setting_switches_only_its_mechanism(
     monkeypatch.setattr(FastFieldsExecutor, "execute_operation", counted)
     headers = {"authorization": f"Bearer {token}"}
     async with (
-        _served(settings) as (_, server, address),
+        served_by(settings) as (_, server, address),
         httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as client,
     ):
         before = _answered()

@@ -29,7 +29,7 @@ from app.config import Settings
 from app.http_protocol import OneWriteHttpToolsProtocol, OneWriteTransport
 from app.websocket_protocol import LeanWebSocketProtocol
 from tests.events.brokers import free_port
-from tests.events.conftest import served
+from tests.events.conftest import served, uvicorn_running
 from tests.events.test_websocket import a_created_event_streams
 from tests.support import Fleet
 
@@ -159,16 +159,8 @@ async def _uvicorn(app: Any, protocol: type[asyncio.Protocol]) -> AsyncIterator[
         log_level="warning",
         timeout_keep_alive=60,  # an idle connection's close would send what is held
     )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            assert not serving.done(), serving.result()
-            await asyncio.sleep(0.01)
+    async with uvicorn_running(config):
         yield f"127.0.0.1:{config.port}"
-    finally:
-        server.should_exit = True
-        await serving
 
 
 _ROUTES = [

@@ -32,11 +32,30 @@ async def running(settings: Settings) -> AsyncIterator[tuple[Starlette, Api]]:
 
 
 @asynccontextmanager
-async def served(
+async def uvicorn_running(config: uvicorn.Config) -> AsyncIterator[uvicorn.Server]:
+    """A real uvicorn server on `config`, serving in a task of this loop until the block
+    ends."""
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                serving.result()
+                raise RuntimeError("uvicorn exited before it started")
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        server.should_exit = True
+        await serving
+
+
+@asynccontextmanager
+async def served_by(
     settings: Settings, http: type[asyncio.Protocol] | None = None
-) -> AsyncIterator[tuple[Starlette, str]]:
-    """The app behind a real uvicorn server on a free port: (app, "127.0.0.1:port");
-    `http` in place of the HTTP protocol `serve` would pick."""
+) -> AsyncIterator[tuple[Starlette, uvicorn.Server, str]]:
+    """The app behind a real uvicorn server on a free port, with the protocols `serve`
+    picks (`http` in place of its HTTP protocol): (app, the server, whose state holds each
+    connection's protocol, "127.0.0.1:port")."""
     application = create_app(settings)
     config = uvicorn.Config(
         application,
@@ -48,18 +67,17 @@ async def served(
         lifespan="on",
         log_level="warning",
     )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise RuntimeError("uvicorn exited before it started")
-            await asyncio.sleep(0.01)
-        yield application, f"127.0.0.1:{config.port}"
-    finally:
-        server.should_exit = True
-        await serving
+    async with uvicorn_running(config) as server:
+        yield application, server, f"127.0.0.1:{config.port}"
+
+
+@asynccontextmanager
+async def served(
+    settings: Settings, http: type[asyncio.Protocol] | None = None
+) -> AsyncIterator[tuple[Starlette, str]]:
+    """`served_by` without the server: (app, "127.0.0.1:port")."""
+    async with served_by(settings, http) as (application, _, address):
+        yield application, address
 
 
 @pytest_asyncio.fixture(loop_scope="session")
