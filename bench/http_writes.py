@@ -1,9 +1,10 @@
 """Benchmark: one write per HTTP response (app/http_protocol.py) against uvicorn's own
 protocol, the same service otherwise, on PostgreSQL (where `serve` runs it).
 
-Two `bettercompute serve` processes on one fresh PostgreSQL database seeded by `serve
---demo`: one with BETTERCOMPUTE_ONE_WRITE_RESPONSES on (what one turn of the event loop
-writes to a socket leaves in one write at the turn's end), one with it off (uvicorn's
+Two `bettercompute serve` processes on one fresh PostgreSQL database, the demo fleet
+seeded on it (app/demo.py, as `serve --demo` does): one with
+BETTERCOMPUTE_ONE_WRITE_RESPONSES on (what one turn of the event loop writes to a socket
+leaves in one write at the turn's end), one with it off (uvicorn's
 httptools protocol: a response's head, then its body). For each request below, wrk (16
 connections, one thread) runs against each in turn, alternating which goes first over the
 rounds, after a warm-up of each. Printed per round: the rate, p50, and the CPU per request
@@ -21,10 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,10 +31,13 @@ from pathlib import Path
 
 from app.compat import http_protocol
 from app.config import Settings
+from app.db.engine import create_database
+from app.demo import seed
 from bench.database import bench_database
-from bench.graphql_pools import free_port, uptime
+from bench.graphql_pools import uptime
 from bench.native_load import HttpRequest, LoadGenerator, ensure_generator
-from bench.proc import cpu_s, until_ready
+from bench.proc import cpu_s
+from bench.writes import start_serve
 
 CONNECTIONS = 16
 SIDES = ("one write", "uvicorn's")
@@ -51,25 +53,24 @@ class Served:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _serve(database: str, one_write: bool, log: Path, demo: bool) -> tuple[Served, str]:
-    """A `serve` process (its first stdout line, with --demo: the demo's JSON)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "BETTERCOMPUTE_DATABASE_URL": database,
-        "BETTERCOMPUTE_ONE_WRITE_RESPONSES": "true" if one_write else "false",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-    }
-    command = [str(Path(sys.executable).with_name("bettercompute")), "serve", "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, *(["--demo"] if demo else [])],
-        env=env,
-        stdout=subprocess.PIPE if demo else subprocess.DEVNULL,
-        stderr=log.open("wb"),
+def _serve(database: str, one_write: bool, log: Path) -> Served:
+    process, port = start_serve(
+        database,
+        1,
+        log,
+        broadcast=False,
+        settings={"BETTERCOMPUTE_ONE_WRITE_RESPONSES": "true" if one_write else "false"},
     )
-    first = process.stdout.readline().decode() if demo and process.stdout else ""
-    until_ready(process, port, log)
-    return Served(process, port), first
+    return Served(process, port)
+
+
+async def _demo_tokens(database: str) -> dict[str, str]:
+    """The demo fleet seeded on `database` (as `serve --demo` does), and its tokens."""
+    db = create_database(database)
+    try:
+        return dict((await seed(db))["tokens"])
+    finally:
+        await db.dispose()
 
 
 @dataclass(frozen=True)
@@ -114,20 +115,21 @@ def main() -> None:
 async def _measure(generator: LoadGenerator, rounds: int, seconds: float) -> None:
     async with bench_database() as database:
         with tempfile.TemporaryDirectory(prefix="bc-http-writes-") as logs:
-            one_write, demo = _serve(database, True, Path(logs) / "one-write.log", demo=True)
-            stock, _ = _serve(database, False, Path(logs) / "stock.log", demo=False)
+            one_write = _serve(database, True, Path(logs) / "one-write.log")
+            stock = _serve(database, False, Path(logs) / "stock.log")
             try:
+                tokens = await _demo_tokens(database)
                 protocols = [
                     http_protocol(Settings(database_url=database, one_write_responses=on))
                     for on in (True, False)
                 ]
                 print(
-                    f"\nbettercompute serve --demo on {database}, one process each,"
-                    " BETTERCOMPUTE_ONE_WRITE_RESPONSES=true / false: HTTP protocols"
+                    f"\nbettercompute serve on {database} (the demo fleet seeded), one"
+                    " process each, BETTERCOMPUTE_ONE_WRITE_RESPONSES=true / false: HTTP protocols"
                     f" {protocols[0]} / {protocols[1]}"
                 )
                 print(f"uptime at start: {uptime()}")
-                _compare(generator, (one_write, stock), _requests(demo), rounds, seconds)
+                _compare(generator, (one_write, stock), _requests(tokens), rounds, seconds)
                 print(f"uptime at end: {uptime()}")
             finally:
                 for served in (one_write, stock):
@@ -135,8 +137,8 @@ async def _measure(generator: LoadGenerator, rounds: int, seconds: float) -> Non
                     served.process.wait(30)
 
 
-def _requests(demo: str) -> dict[str, HttpRequest]:
-    token = json.loads(demo)["tokens"]["globex-admin"]
+def _requests(tokens: dict[str, str]) -> dict[str, HttpRequest]:
+    token = tokens["globex-admin"]
     auth = {"authorization": f"Bearer {token}", "content-type": "application/json"}
     one_pool = 'query { pools(tenantId: "globex", first: 1) { nodes { id quotas { max } } } }'
     return {

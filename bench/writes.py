@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -501,11 +502,18 @@ def _this_checkout() -> str:
 
 
 def start_serve(
-    url: str, workers: int, log: Path, broadcast: bool
+    url: str, workers: int, log: Path, broadcast: bool, settings: Mapping[str, str] = {}
 ) -> tuple[subprocess.Popen[bytes], int]:
+    """`bettercompute serve` of this checkout on `url` and a free port, ready, with
+    `settings` (BETTERCOMPUTE_* variables) beside the environment's."""
     port = free_port()
     binary = Path(sys.executable).with_name("bettercompute")
-    env = {**os.environ, "BETTERCOMPUTE_DATABASE_URL": url, "PYTHONPATH": _this_checkout()}
+    env = {
+        **os.environ,
+        **settings,
+        "BETTERCOMPUTE_DATABASE_URL": url,
+        "PYTHONPATH": _this_checkout(),
+    }
     if broadcast:
         env["BETTERCOMPUTE_BROADCAST_URL"] = REDIS_URL
     with log.open("wb") as out:
