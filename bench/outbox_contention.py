@@ -19,7 +19,7 @@ prints, asserts nothing.
    (pgbench -R; asked and achieved printed): saturated, the relay and its backend wait
    their turn among 32 busy backends for this machine's cores.
 
-    .venv/bin/python -m bench.outbox_contention [--seconds 8] [--clients 32]
+    .venv/bin/python -m bench.outbox_contention [--seconds 8] [--clients 32] [--poll-ms 5]
 """
 
 from __future__ import annotations
@@ -360,14 +360,16 @@ async def _delivery_from_pgbench(
     pools: Sequence[str],
     seconds: float,
     rate: float | None = None,
+    poll_s: float = 0.005,
 ) -> tuple[list[float], list[float], float]:
     """The service's statements from one pgbench writer per pool; the real relay in this
-    process, its poll at 5 ms standing in for the wake-up a service commit would send.
+    process, its poll (5 ms by default) standing in for the wake-up a service commit would
+    send (0: a read right after each read, as a wake-up pending at every read's end gives).
     Two latencies per event: receipt - its occurred_at (clock_timestamp() in its INSERT,
     before the COMMIT is sent), and receipt - when its writer saw its COMMIT answered
     (pgbench's log: the k-th event of a pool is its client's k-th transaction, one writer
     per pool, none rolled back), the measure the in-process writers take."""
-    relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=0.005)  # type: ignore[arg-type]
+    relay: Relay[Any] = Relay(db, _AllOfThem(), poll_interval_s=poll_s)  # type: ignore[arg-type]
     round_trips: list[float] = []
     late: list[float] = []
     async with db.writer.connect() as conn:  # the relay reads' own figures, this run only
@@ -417,7 +419,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def main(seconds: float, clients: int) -> None:
+async def main(seconds: float, clients: int, poll_s: float) -> None:
     print(f"outbox_contention: {clients} clients, {seconds:g} s rounds, load {_load()}")
     async with bench_database() as url:
         db = create_database(url, Settings(db_pool_size=clients + 4, db_max_overflow=8))
@@ -450,12 +452,12 @@ async def main(seconds: float, clients: int) -> None:
             rate: float | None = None
             for _ in range(2):  # as fast as they go, then at half that rate
                 piped, acked, tps = await _delivery_from_pgbench(
-                    db, url, stamped, pools, seconds, rate
+                    db, url, stamped, pools, seconds, rate, poll_s
                 )
                 asked = "as fast as they go" if rate is None else f"{rate:.0f} tps asked"
                 print(
                     f"  commit-to-delivery, {clients} pgbench writers ({asked}, {tps:.0f} tps)"
-                    f" through the relay: {len(piped)} events;"
+                    f" through the relay (poll {poll_s * 1000:g} ms): {len(piped)} events;"
                     f" from the writer's COMMIT answered p50 {_pct(acked, 0.5):.1f} ms,"
                     f" p99 {_pct(acked, 0.99):.1f} ms (target < 50),"
                     f" max {max(acked, default=float('nan')):.1f} ms ({len(acked)} matched);"
@@ -483,5 +485,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--poll-ms",
+        type=float,
+        default=5.0,
+        help="the relay's poll under the pgbench writers (default 5; 0: read after read)",
+    )
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.seconds, arguments.clients))
+    asyncio.run(main(arguments.seconds, arguments.clients, arguments.poll_ms / 1000))
