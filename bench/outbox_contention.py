@@ -17,7 +17,9 @@ prints, asserts nothing.
    tenant records when each version arrives; p50/p99 (target p99 < 50 ms). Before it, the
    pgbench writers through the same relay, as fast as they go and then at half that rate
    (pgbench -R; asked and achieved printed): saturated, the relay and its backend wait
-   their turn among 32 busy backends for this machine's cores.
+   their turn among 32 busy backends for this machine's cores. pgbench runs in a session
+   of its own, as writers in other processes do: a child in this one shared the relay's
+   CPU share where the kernel groups tasks by session (autogroup, printed).
 
     .venv/bin/python -m bench.outbox_contention [--seconds 8] [--clients 32] [--poll-ms 5]
 """
@@ -200,8 +202,11 @@ async def _pgbench(
     ] + ([] if rate is None else ["-R", f"{rate:.0f}"]) + (
         [] if log_prefix is None else ["-l", "--log-prefix", log_prefix]
     )  # fmt: skip
+    # pgbench stands in for writers elsewhere (other services, other hosts): in a session
+    # of its own, so on a kernel that groups tasks by session for CPU (autogroup) it is
+    # not scheduled inside this process's group, taking turns with the relay it loads.
     process = await asyncio.create_subprocess_exec(
-        *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
     waiting = active = 0
     sampler = create_database(url, Settings(db_pool_size=1, db_max_overflow=0))
@@ -419,8 +424,19 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def _autogroup() -> str:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as setting:
+            return "on" if setting.read().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
+
+
 async def main(seconds: float, clients: int, poll_s: float) -> None:
-    print(f"outbox_contention: {clients} clients, {seconds:g} s rounds, load {_load()}")
+    print(
+        f"outbox_contention: {clients} clients, {seconds:g} s rounds, load {_load()};"
+        f" CPU grouped by session (autogroup): {_autogroup()}, pgbench in a session of its own"
+    )
     async with bench_database() as url:
         db = create_database(url, Settings(db_pool_size=clients + 4, db_max_overflow=8))
         try:
