@@ -15,9 +15,12 @@ prints, asserts nothing.
 3. Commit-to-delivery of events under 32 writers through the real relay (in process):
    each writer updates its own pool through the domain; one subscription of the owner
    tenant records when each version arrives; p50/p99 (target p99 < 50 ms). Before it, the
-   pgbench writers through the same relay, as fast as they go and then at half that rate
-   (pgbench -R; asked and achieved printed): saturated, the relay and its backend wait
-   their turn among 32 busy backends for this machine's cores. pgbench runs in a session
+   pgbench writers through the same relay: as fast as they go, the relay reading read
+   after read (nothing wakes it for pgbench's commits; in the service every commit
+   elsewhere wakes it through the broker, so at this rate a wake-up is pending at every
+   read's end), then polling every `--poll-ms` (the wake-ups left out), then at half the
+   rate, polling (pgbench -R; asked and achieved printed). Saturated, the relay and its
+   backend wait their turn among 32 busy backends for this machine's cores. pgbench runs in a session
    of its own, as writers in other processes do: a child in this one shared the relay's
    CPU share where the kernel groups tasks by session (autogroup, printed).
 
@@ -465,24 +468,35 @@ async def main(seconds: float, clients: int, poll_s: float) -> None:
                 f" lock waits new {max(w for _, w in results['new']):.1%} (target <= 10%)"
             )
             stamped = _script(statements, pools, "new", stamp=True)
-            rate: float | None = None
-            for _ in range(2):  # as fast as they go, then at half that rate
+            # As fast as they go, read after read (what the service's relay does under
+            # them: every commit elsewhere wakes it through the broker, so a wake-up is
+            # pending at every read's end) and polling every `poll_s` (the wake-ups left
+            # out); then at half that rate, polling.
+            phases: list[tuple[float | None, float]] = [(None, poll_s)]
+            if poll_s > 0:
+                phases.insert(0, (None, 0.0))
+            flat_out = 0.0
+            for rate, poll in [*phases, (-1.0, poll_s)]:
+                if rate == -1.0:
+                    # Half the rate: the writers no longer take every core (above, the
+                    # relay and its backend wait their turn among 32 busy backends).
+                    rate = flat_out / 2
                 piped, acked, tps = await _delivery_from_pgbench(
-                    db, url, stamped, pools, seconds, rate, poll_s
+                    db, url, stamped, pools, seconds, rate, poll
                 )
+                if rate is None:
+                    flat_out = max(flat_out, tps)
                 asked = "as fast as they go" if rate is None else f"{rate:.0f} tps asked"
+                how = "read after read" if poll == 0 else f"poll {poll * 1000:g} ms"
                 print(
                     f"  commit-to-delivery, {clients} pgbench writers ({asked}, {tps:.0f} tps)"
-                    f" through the relay (poll {poll_s * 1000:g} ms): {len(piped)} events;"
+                    f" through the relay ({how}): {len(piped)} events;"
                     f" from the writer's COMMIT answered p50 {_pct(acked, 0.5):.1f} ms,"
                     f" p99 {_pct(acked, 0.99):.1f} ms (target < 50),"
                     f" max {max(acked, default=float('nan')):.1f} ms ({len(acked)} matched);"
                     f" from its INSERT p50 {_pct(piped, 0.5):.1f} ms,"
                     f" p99 {_pct(piped, 0.99):.1f} ms; load {_load()}"
                 )
-                # Half the rate: the writers no longer take every core (above, the relay
-                # and its backend wait their turn among 32 busy backends).
-                rate = tps / 2
             latencies, lost = await _delivery(db, principal, pools, seconds)
             print(
                 f"  commit-to-delivery, {clients} in-process writers (the domain's update,"
@@ -505,7 +519,8 @@ if __name__ == "__main__":
         "--poll-ms",
         type=float,
         default=5.0,
-        help="the relay's poll under the pgbench writers (default 5; 0: read after read)",
+        help="the relay's poll under the pgbench writers, after a flat-out round read after"
+        " read (default 5; 0: read after read only)",
     )
     arguments = parser.parse_args()
     asyncio.run(main(arguments.seconds, arguments.clients, arguments.poll_ms / 1000))
