@@ -18,7 +18,9 @@ the booking rounds also run before the pool writes and each booking round re-che
 room first (the issue's first run lost its widened capacity to an update). What rounds
 consume (reservations to release, offers to withdraw, pools to archive) is prepared
 before each round with bulk SQL, rows of the shape the domain writes, twice the previous
-round's rate; a round that ran out is INVALID.
+round's rate; a round that ran out is INVALID. The database is analyzed before each round,
+so both sides run on plans made for the tables as they are (a bulk load grows them many
+times over at once, which the service's own writes never do).
 
 The floor is bench/write_floor.py (its docstring says what it does and skips), its own
 uvicorn process; the service one `bettercompute serve`. wrk runs 16 threads of one
@@ -668,6 +670,12 @@ async def measure_write(bench: Bench, write: Write, plan: Plan, profiler: Profil
             hot = write.name.endswith("hot quota")
             pools = bench.seeded.pools[:1] if hot else bench.seeded.pools
             await widen(bench.url, bench.conn, pools, math.ceil(expected / len(pools)) + 16)
+        # The bulk rows above can grow a table many times over in one go, which a service
+        # never does: both sides' connections would keep plans made for the table as it
+        # was (a primary-key probe planned as a scan of what was one page) until
+        # autovacuum's ANALYZE, and each statement would pay per scan it holds. Analyzed
+        # here, each round runs on plans for the tables it runs on.
+        await bench.conn.execute("ANALYZE")
         watch = None
         if kept and target == "service" and write.name.endswith("hot quota"):
             token = bench.seeded.tokens[GUEST]
