@@ -20,9 +20,9 @@ prints, asserts nothing.
    elsewhere wakes it through the broker, so at this rate a wake-up is pending at every
    read's end), then polling every `--poll-ms` (the wake-ups left out), then at half the
    rate, polling (pgbench -R; asked and achieved printed). Saturated, the relay and its
-   backend wait their turn among 32 busy backends for this machine's cores. pgbench runs in a session
-   of its own, as writers in other processes do: a child in this one shared the relay's
-   CPU share where the kernel groups tasks by session (autogroup, printed).
+   backend wait their turn among 32 busy backends for this machine's cores. pgbench runs
+   in a session of its own, as writers in other processes do: a child in this one shared
+   the relay's CPU share where the kernel groups tasks by session (autogroup, printed).
 
     .venv/bin/python -m bench.outbox_contention [--seconds 8] [--clients 32] [--poll-ms 5]
 """
