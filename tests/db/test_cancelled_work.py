@@ -15,8 +15,9 @@ import pytest
 from sqlalchemy import text
 
 from app.config import Settings
-from app.db.engine import Database, create_database
+from app.db.engine import Database, behind_pgbouncer, create_database
 from app.db.uow import UnitOfWork
+from tests import pgbouncer
 from tests.db.faults import postgres_dsn
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # a statement to cancel
@@ -84,11 +85,21 @@ async def test_a_unit_of_work_cancelled_mid_statement_leaves_its_connection_fit(
 
 
 async def test_a_unit_of_work_cancelled_at_any_step_leaves_its_connection_fit(
-    one_connection: Database,
+    one_connection: Database, database_url: str
 ) -> None:
     """Cancelled after 0, 1, 2, ... turns of the event loop, until one runs to its end
     first: at checkout, during BEGIN, a statement, COMMIT; each time the next unit of
     work runs at once."""
+    if behind_pgbouncer(database_url)[1] and pgbouncer.version() < pgbouncer.CANCELS_SAFELY_FROM:
+        # Some step's cancel lands on PgBouncer's own SETs, and an older PgBouncer exits
+        # (tests/pgbouncer.py): the run's later tests would fail on its absence.
+        installed, fixed = (
+            ".".join(map(str, v)) for v in (pgbouncer.version(), pgbouncer.CANCELS_SAFELY_FROM)
+        )
+        pytest.skip(
+            f"PgBouncer {installed} exits on a cancel request that ends early "
+            f"(pgbouncer#801, fixed in {fixed})"
+        )
     cancelled = 0
     for turns in range(MAX_TURNS):
 
