@@ -56,6 +56,18 @@ def version() -> tuple[int, ...]:
     return tuple(int(part) for part in found.groups())
 
 
+def cancel_hazard() -> str | None:
+    """Why the installed PgBouncer may exit under a test that cancels statements at every
+    step, or None when it is fixed (CANCELS_SAFELY_FROM)."""
+    if version() >= CANCELS_SAFELY_FROM:
+        return None
+    installed, fixed = (".".join(map(str, v)) for v in (version(), CANCELS_SAFELY_FROM))
+    return (
+        f"PgBouncer {installed} exits on a cancel request that ends early "
+        f"(pgbouncer#801, fixed in {fixed})"
+    )
+
+
 @dataclass
 class PgBouncer:
     port: int
