@@ -85,7 +85,9 @@ def plain_path_if_asked() -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that narrows `dialect` with its own parametrize loses the fixture's marks:
     mark it by the dialect it runs on, so `-m postgresql` selects it too. On the plain
-    path, the fast path's own tests are skipped."""
+    path, the fast path's own tests are skipped. The `soak` scenarios (minutes each), then
+    the `slow` tests, go first: a run then ends on short tests, not on one worker still
+    minutes into a long one while the others are done."""
     defaults = Settings()
     plain = not all(getattr(defaults, name) for name in FAST_PATH_PIECES)
     for item in items:
@@ -95,6 +97,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = callspec.params.get("dialect") if callspec is not None else None
         if name in DIALECTS and not item.get_closest_marker(name):
             item.add_marker(getattr(pytest.mark, name))
+    items.sort(key=_scheduled)  # stable: collection order within each group
+
+
+def _scheduled(item: pytest.Item) -> int:
+    """Longest first (pytest-xdist hands tests out in this order)."""
+    if item.get_closest_marker("soak"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 # Pool waits of the `db` fixture's engines (production: BETTERCOMPUTE_DB_ACQUIRE_TIMEOUT).

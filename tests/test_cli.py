@@ -128,6 +128,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["sqlite"])
 def test_demo_then_serve_answers_the_printed_curl(tmp_path: Path, dialect: str) -> None:
     """The README's first command: demo seeds the embedded default, serve answers."""

@@ -43,6 +43,7 @@ pools:
 """
 
 
+@pytest.mark.slow
 def test_apply_export_round_trip_dry_run_and_a_bad_file(
     fresh_database_url: str, tmp_path: Path
 ) -> None:

@@ -71,6 +71,7 @@ async def _alike(pair: Pair, token: str, path: str, body: Any) -> tuple[Any, ...
     return plain
 
 
+@pytest.mark.slow
 async def test_explain_and_access_answer_alike(pair: Pair, world: World, dialect: str) -> None:
     before = _answered()
     pools = [*world.pools.values(), MISSING]

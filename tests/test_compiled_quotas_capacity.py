@@ -80,6 +80,7 @@ async def _alike(pair: Pair, token: str, path: str, body: Any) -> tuple[Any, ...
     return plain
 
 
+@pytest.mark.slow
 async def test_quotas_and_capacity_answer_alike(pair: Pair, world: World, dialect: str) -> None:
     before = _answered()
     pools = [*world.pools.values(), MISSING]

@@ -120,6 +120,7 @@ async def booked(pair: Pair, world: World, fleet: Fleet) -> World:
     return world
 
 
+@pytest.mark.slow
 async def test_the_reservation_reads_answer_alike(pair: Pair, booked: World, dialect: str) -> None:
     world = booked
     pools = [*world.pools.values(), MISSING]

@@ -805,6 +805,7 @@ async def _generated(pair: Pair, fleet: Fleet, size: Size) -> tuple[World, rando
     "size",
     [pytest.param(DEFAULT, id="default"), pytest.param(SOAK, id="soak", marks=pytest.mark.soak)],
 )
+@pytest.mark.slow
 async def test_the_read_paths_answer_alike_over_generated_data(
     database_url: str, fleet: Fleet, size: Size
 ) -> None:

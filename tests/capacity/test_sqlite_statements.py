@@ -74,6 +74,7 @@ def test_a_failed_check_orders_by_windows_with_a_warning(
     assert json_sql.sqlite_keeps_subquery_order()  # checked anew: this build keeps it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["sqlite"])
 async def test_the_window_form_answers_as_the_plain_path(
     database_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch

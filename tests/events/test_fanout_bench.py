@@ -12,12 +12,15 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from app.config import Settings
 from tests.databases import POSTGRES_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 async def test_the_quick_run_delivers_exactly_once_and_reports_cpu(
     redis_url: str, database_url_for: Callable[[str], Awaitable[str]]
 ) -> None:

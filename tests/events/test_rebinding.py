@@ -176,6 +176,7 @@ async def test_an_open_subscription_follows_a_rebinding(database_url: str) -> No
             assert_rescoped(await next_event(ws, TRANSPORT_WS), pools["h100"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["postgresql"])  # several processes share PostgreSQL
 async def test_a_rebinding_reaches_open_subscriptions_on_every_process(
     database_url: str, redis_url: str
