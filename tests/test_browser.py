@@ -27,6 +27,10 @@ import pytest
 from tests.databases import DIALECTS, TestDatabases, service_unavailable
 from tests.test_cli import BIN, _free_port, out
 
+# One worker takes them all (scripts/test's --dist loadgroup): its Chromium and served
+# demos are module fixtures, started once there rather than once per worker.
+pytestmark = pytest.mark.xdist_group("browser")
+
 T = TypeVar("T")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
