@@ -52,6 +52,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from graphql import GraphQLError, GraphQLSchema, build_schema, execute_sync, parse
@@ -146,6 +147,7 @@ def _attributes_problem(instance: object, names: tuple[str, ...]) -> str | None:
     return None
 
 
+@cache  # read only by the probes; built once a process, not once an app (a test makes many)
 def _probe_schema() -> GraphQLSchema:
     return build_schema(
         "input Quota { resource: String! max: Int! }"

@@ -803,7 +803,10 @@ async def _generated(pair: Pair, fleet: Fleet, size: Size) -> tuple[World, rando
 
 @pytest.mark.parametrize(
     "size",
-    [pytest.param(DEFAULT, id="default"), pytest.param(SOAK, id="soak", marks=pytest.mark.soak)],
+    [
+        pytest.param(DEFAULT, id="default", marks=pytest.mark.scaled_down),
+        pytest.param(SOAK, id="soak", marks=pytest.mark.soak),
+    ],
 )
 @pytest.mark.slow
 async def test_the_read_paths_answer_alike_over_generated_data(

@@ -140,7 +140,13 @@ async def mutate(
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
-@pytest.mark.parametrize("size", ["default", pytest.param("full", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param("default", marks=pytest.mark.scaled_down),
+        pytest.param("full", marks=pytest.mark.soak),
+    ],
+)
 async def test_two_processes_deliver_each_tenant_exactly_its_events(
     database_url: str, db: Database, redis_url: str, size: str
 ) -> None:

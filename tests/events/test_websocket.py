@@ -233,7 +233,10 @@ async def test_a_new_subscription_skips_what_committed_before_it_behind_a_held_h
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
-@pytest.mark.parametrize("changes", [100, pytest.param(500, marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "changes",
+    [pytest.param(100, marks=pytest.mark.scaled_down), pytest.param(500, marks=pytest.mark.soak)],
+)
 async def test_disconnect_500_changes_reconnect_with_the_last_cursor(
     database_url: str, db: Database, changes: int
 ) -> None:

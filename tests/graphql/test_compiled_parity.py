@@ -275,7 +275,13 @@ async def _compare(
     assert second == plain, context
 
 
-@pytest.mark.parametrize("size", ["default", pytest.param("full", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param("default", marks=pytest.mark.scaled_down),
+        pytest.param("full", marks=pytest.mark.soak),
+    ],
+)
 async def test_hand_written_queries_answer_alike(
     pair: Pair, world: World, dialect: str, size: str
 ) -> None:

@@ -30,7 +30,13 @@ SIZES = {
 }
 # Rounds of racing offers, unoffers and bookings.
 ROUNDS = {"full": 6, "default": 3}
-BY_SIZE = pytest.mark.parametrize("size", ["default", pytest.param("full", marks=pytest.mark.soak)])
+BY_SIZE = pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param("default", marks=pytest.mark.scaled_down),
+        pytest.param("full", marks=pytest.mark.soak),
+    ],
+)
 
 
 async def _book_one_each(s: Scene, pool_id: str, calls: int) -> list[httpx.Response]:
