@@ -20,7 +20,10 @@ prints, asserts nothing.
    elsewhere wakes it through the broker, so at this rate a wake-up is pending at every
    read's end), then polling every `--poll-ms` (the wake-ups left out), then at half the
    rate, polling (pgbench -R; asked and achieved printed). Saturated, the relay and its
-   backend wait their turn among 32 busy backends for this machine's cores. pgbench runs
+   backend wait their turn among 32 busy backends for this machine's cores: each such
+   round prints, from the kernel's schedstat, how long this process's loop thread (the
+   relay's, the subscriber's) and the relay's backends ran and how long they were ready
+   to run but waited for a core. pgbench runs
    in a session of its own, as writers in other processes do: a child in this one shared
    the relay's CPU share where the kernel groups tasks by session (autogroup, printed).
 
@@ -52,13 +55,14 @@ from app.capacity.inputs import CreatePoolInput, UpdatePoolInput, parse_input
 from app.capacity.inventory import create_site, create_tenant
 from app.capacity.service import Capacity
 from app.config import Settings
-from app.db.engine import Database, create_database
+from app.db.engine import RELAY_APPLICATION_NAME, Database, create_database
 from app.events.cursor import Position
 from app.events.reader import OutboxEvent
 from app.events.relay import Relay
 from app.iam.callers import authenticate, create_caller
 from app.iam.principal import Principal
 from bench.database import bench_database
+from bench.proc import run_queue_s
 
 OLD_LOCK_KEY = 0x62635F6F7574  # 0002's OUTBOX_LOCK_KEY ("bc_out"), retired from app/
 
@@ -323,6 +327,48 @@ async def _timer_lateness(late: list[float], period: float) -> None:
         late.append(max(0.0, (time.perf_counter() - began - period) * 1000))
 
 
+async def _relay_backends(db: Database) -> list[int]:
+    """The PostgreSQL backends of the relay's own connections (its application_name)."""
+    async with db.writer.connect() as conn:
+        pids = (
+            await conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = :name"
+                    " AND datname = current_database()"
+                ),
+                {"name": RELAY_APPLICATION_NAME},
+            )
+        ).scalars()
+        found = list(pids)
+        await conn.rollback()
+    return found
+
+
+class _Waits:
+    """CPU and run-queue wait (the scheduler's schedstat) over a round, of this process's
+    main thread (the relay's event loop, the subscriber's too) and of the relay's
+    backends: the time each ran, and the time it was ready to run but waited for a core."""
+
+    def __init__(self, backends: list[int]) -> None:
+        self._began = time.perf_counter()
+        self._loop = run_queue_s(os.getpid())
+        self._backends = {pid: run_queue_s(pid) for pid in backends}
+
+    def report(self, backends: list[int]) -> str:
+        wall = time.perf_counter() - self._began
+        loop = [now - then for now, then in zip(run_queue_s(os.getpid()), self._loop, strict=True)]
+        spent = [0.0, 0.0]
+        for pid in backends:  # one that appeared during the round counts from its start
+            before = self._backends.get(pid, (0.0, 0.0))
+            for i, (now, then) in enumerate(zip(run_queue_s(pid), before, strict=True)):
+                spent[i] += now - then
+        return (
+            f"of the round's {wall:.1f} s, the relay's {len(backends)} backends ran"
+            f" {spent[0]:.2f} s and waited for a core {spent[1]:.2f} s, this process's loop"
+            f" ran {loop[0]:.2f} s and waited {loop[1]:.2f} s (schedstat)"
+        )
+
+
 async def _relay_read_times(db: Database) -> None:
     """What the relay's read statement took in PostgreSQL (pg_stat_statements, since the
     run's reset): its execution, waits for a core included, not its round trip."""
@@ -398,7 +444,9 @@ async def _delivery_from_pgbench(
     with tempfile.TemporaryDirectory() as logs, _timed_relay_reads(round_trips):
         prefix = os.path.join(logs, "tx")
         ticker = asyncio.create_task(_timer_lateness(late, 0.005))
+        waits = _Waits(await _relay_backends(db))
         tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix)
+        waited = waits.report(await _relay_backends(db))
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
         print(f"  (relay reads stopped by D's bound: {relay.blocked_reads})")
@@ -407,7 +455,7 @@ async def _delivery_from_pgbench(
             f"  (the same read as the relay saw it, from sent to rows: {len(round_trips)} calls,"
             f" p50 {_pct(round_trips, 0.5):.1f} ms, p90 {_pct(round_trips, 0.9):.1f} ms;"
             f" a 5 ms timer in this process woke late by p50 {_pct(late, 0.5):.1f} ms,"
-            f" p90 {_pct(late, 0.9):.1f} ms)"
+            f" p90 {_pct(late, 0.9):.1f} ms; {waited})"
         )
         await asyncio.sleep(1.0)  # the last commits' events
         commits = _commits(prefix)

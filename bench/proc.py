@@ -29,6 +29,18 @@ def cpu_s(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
+def run_queue_s(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """(CPU seconds, seconds spent runnable but waiting for a core) of a process's main
+    thread, or of one of its threads, so far, from the scheduler's own accounting
+    (/proc/<pid>/schedstat); (0, 0) once it is gone or where the kernel keeps none."""
+    path = f"/proc/{pid}/schedstat" if thread is None else f"/proc/{pid}/task/{thread}/schedstat"
+    try:
+        on_cpu, waiting = Path(path).read_text().split()[:2]
+    except (FileNotFoundError, ValueError):
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
 class Profiler:
     """`--profile DIR`: py-spy samples the server through a phase (needs `py-spy` on
     PATH or in the venv; not a project dependency). Writes collapsed stacks (DIR/name.txt,
