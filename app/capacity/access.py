@@ -10,7 +10,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import Row, Select, String, Subquery, Table, and_, bindparam, select, true
+from sqlalchemy import (
+    Row,
+    Select,
+    String,
+    Subquery,
+    Table,
+    and_,
+    bindparam,
+    literal_column,
+    select,
+    true,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.capacity.read_rules import caller_live
@@ -145,6 +156,26 @@ async def lock_owned_pool_with(
     return pool, [r for r in found if r.joined_matched]
 
 
+async def lock_owned_pool_first(
+    uow: UnitOfWork,
+    principal: Principal,
+    tenant_id: str,
+    pool_id: str,
+    method: Method,
+    statement: Select[Any],
+    params: Mapping[str, Any],
+) -> tuple[LockedPool, list[Row[Any]] | None]:
+    """`lock_owned_pool_with` for rows that the statement locks too (`statement`, made by
+    `locking_first`; PostgreSQL only): the rows that matched, or None when the pool's row
+    has a newer version than the statement's snapshot (it moved while its lock was
+    awaited, or just before: the rows beside it may be older than the lock, and the
+    caller reads them again)."""
+    pool, found = await _locked(uow, principal, tenant_id, pool_id, method, statement, params)
+    if found[0].moved:
+        return pool, None
+    return pool, [r for r in found if r.joined_matched]
+
+
 async def lock_owned_pool_with_offers(
     uow: UnitOfWork, principal: Principal, tenant_id: str, pool_id: str, method: Method
 ) -> tuple[LockedPool, list[OfferQuota] | None]:
@@ -273,6 +304,43 @@ def locking_with(rows: Subquery, order: Sequence[Any], matched: Any) -> Select[A
         )
         .outerjoin(rows, true())
         .order_by(*order)
+    )
+
+
+def locking_first(rows: Select[Any], matched: str, order: Sequence[str]) -> Select[Any]:
+    """PostgreSQL: `_LOCK_OWNED_ROW` first, then `rows`, which may lock rows of their own
+    (FOR UPDATE), so that they are locked after the pool's row, in the order of ADR 0004
+    ("Deadlocks"). The pool's lock is taken in a materialized CTE, and `rows` are read
+    by a lateral join on it: a nested loop, which reads them for the locked row only,
+    once it is locked, and only when the pool is the acting tenant's (`tenant_id`):
+    another tenant's caller, refused NOT_FOUND, locks none of them. `rows`' columns come
+    labelled `joined_<name>`, in `order` (names of theirs), `joined_matched` true where
+    `matched`, a column of theirs never null in a row, is set. `moved` is true when the
+    locked row is not the version the statement's snapshot holds (its `xmin`: any write
+    to the row since, a version moved or not; a tenant-owned node's join writes it,
+    app/capacity/nodes.py): then `rows`, of that snapshot, may be older than the lock
+    (`lock_owned_pool_first`)."""
+    snapshot_xmin = (
+        select(literal_column("seen.xmin::text"))
+        .where(_SEEN.c.id == bindparam("pool_id"))
+        .scalar_subquery()
+    )
+    locked = (
+        _LOCK_OWNED_ROW.add_columns(
+            (literal_column("pools.xmin::text") != snapshot_xmin).label("moved")
+        )
+        .cte("locked_pool")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
+    joined = rows.where(locked.c.tenant_id == bindparam("tenant_id")).lateral("joined")
+    return (
+        select(
+            locked,
+            joined.c[matched].is_not(None).label("joined_matched"),
+            *(c.label(f"joined_{c.key}") for c in joined.c),
+        )
+        .select_from(locked.outerjoin(joined, true()))
+        .order_by(*(joined.c[name] for name in order))
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.capacity.inventory import require_tenant
 from app.capacity.rollup import refresh_rollup
@@ -41,6 +41,14 @@ async def join_node(
         raise InvalidState(f"pool {pool_id} is archived", field="pool")
     if owner_tenant_id is not None:
         await require_tenant(uow.rows, owner_tenant_id, "ownerTenant")
+        # A new version of the pool's row (nothing in it changes): an offer that read its
+        # facts in the snapshot of its lock's statement, taken before this commits, sees
+        # that the row moved and reads them again, this node included
+        # (access.locking_first; a tenant-owned node pins the pool to its owner).
+        await uow.session.execute(
+            update(Pool).where(Pool.id == pool_id).values(version=Pool.version),
+            execution_options={"synchronize_session": False},
+        )
     node_id = new_id("node")
     uow.session.add(Node(id=node_id, pool_id=pool_id, gpus=gpus, owner_tenant_id=owner_tenant_id))
     await uow.session.flush()

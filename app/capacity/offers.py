@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,8 +30,10 @@ from app.capacity.access import (
     LockedPool,
     check_version,
     joined_values,
+    lock_owned_pool_first,
     lock_owned_pool_row,
     lock_owned_pool_with,
+    locking_first,
     locking_with,
 )
 from app.capacity.bounds import MAX_OFFERS_PER_POOL, MAX_RESOURCES
@@ -276,6 +279,12 @@ _OFFER_FACTS_AND_QUOTAS = (
     .select_from(_FACTS.outerjoin(_LOCKED, true()))
     .order_by(_LOCKED.c.resource)
 )
+# On PostgreSQL read with the pool's lock, in the same statement, after it
+# (access.lock_owned_pool_first): the facts as `OfferFacts`.
+_LOCK_WITH_FACTS = locking_first(_OFFER_FACTS_AND_QUOTAS, "offers", ("resource",))
+OfferFacts = namedtuple(  # type: ignore[misc]  # the statement's own column names
+    "OfferFacts", tuple(_OFFER_FACTS_AND_QUOTAS.selected_columns.keys())
+)
 _ADD_OFFER = insert(_OFFERS)
 _SET_OFFER = update(_OFFERS).where(_AT_OFFER)
 _ADD_QUOTA = insert(_QUOTAS)
@@ -339,12 +348,22 @@ async def _withdrawn(
 
 async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput) -> PoolDetail:
     statements = uow.statements
-    pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL)
+    at = {"pool_key": inp.pool_id, "tenant": inp.to_tenant_id}
+    found: Sequence[Any] | None = None
+    if statements.dialect == "postgresql":  # the facts with the lock, when still current
+        pool, held = await lock_owned_pool_first(
+            uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL, _LOCK_WITH_FACTS, at
+        )
+        if held is not None:
+            names = OfferFacts._fields
+            found = [OfferFacts(*values) for values in joined_values(held, names)]
+    else:
+        pool = await lock_owned_pool_row(uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL)
     check_version(pool, inp.version)
     # The state rules and the bounds come before the target tenant's existence: a pool that
     # refuses an offer refuses it alike whether toTenantId exists or not (no tenant oracle).
-    at = {"pool_key": pool.id, "tenant": inp.to_tenant_id}
-    found = (await statements.execute(_OFFER_FACTS_AND_QUOTAS, at)).all()
+    if found is None:
+        found = (await statements.execute(_OFFER_FACTS_AND_QUOTAS, at)).all()
     facts = found[0]
     await _check_offer_state(uow, pool, inp, facts)
     offer = None if facts.include_descendants is None else facts
