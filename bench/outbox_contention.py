@@ -327,21 +327,21 @@ async def _timer_lateness(late: list[float], period: float) -> None:
         late.append(max(0.0, (time.perf_counter() - began - period) * 1000))
 
 
+async def _rows(db: Database, sql: str, **params: Any) -> list[Any]:
+    """The rows of one statement, on a connection of the service's pool, nothing kept."""
+    async with db.writer.connect() as conn:
+        rows = list(await conn.execute(text(sql), params))
+        await conn.rollback()
+    return rows
+
+
 async def _relay_backends(db: Database) -> list[int]:
     """The PostgreSQL backends of the relay's own connections (its application_name)."""
-    async with db.writer.connect() as conn:
-        pids = (
-            await conn.execute(
-                text(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = :name"
-                    " AND datname = current_database()"
-                ),
-                {"name": RELAY_APPLICATION_NAME},
-            )
-        ).scalars()
-        found = list(pids)
-        await conn.rollback()
-    return found
+    sql = (
+        "SELECT pid FROM pg_stat_activity WHERE application_name = :name"
+        " AND datname = current_database()"
+    )
+    return [pid for (pid,) in await _rows(db, sql, name=RELAY_APPLICATION_NAME)]
 
 
 class _Waits:
@@ -372,19 +372,12 @@ class _Waits:
 async def _relay_read_times(db: Database) -> None:
     """What the relay's read statement took in PostgreSQL (pg_stat_statements, since the
     run's reset): its execution, waits for a core included, not its round trip."""
-    async with db.writer.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT sum(calls), sum(total_exec_time) / nullif(sum(calls), 0),"
-                    " max(max_exec_time)"
-                    " FROM pg_stat_statements WHERE query LIKE '%read_horizon%'"
-                    " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                )
-            )
-        ).one()
-        await conn.rollback()
-    calls, mean, most = row
+    ((calls, mean, most),) = await _rows(
+        db,
+        "SELECT sum(calls), sum(total_exec_time) / nullif(sum(calls), 0), max(max_exec_time)"
+        " FROM pg_stat_statements WHERE query LIKE '%read_horizon%'"
+        " AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
     print(
         f"  (the relay's read in PostgreSQL: {calls or 0} calls, mean {mean or 0:.2f} ms,"
         f" max {most or 0:.1f} ms)"
