@@ -25,16 +25,16 @@ What each statement does, with the service's guards:
   the nodes (`total`, `allocatable = greatest(total, booked)`: exclusive pools, the `gpu`
   row), `pool.updated` event, an audience row per offer.
 - `/pools/archive`: guest offers, their authz rows withdrawn and quota rows dropped to
-  `used`, the pool's capacity rows locked (FOR UPDATE, as ADR 0004's archive), the pool
-  archived, `pool.archived` event and audience.
+  `used`, the pool archived under its row's lock (which every booking takes first, ADR
+  0004), `pool.archived` event and audience.
 
 What it skips: authentication, IAM decisions, input validation (the body is parsed as
 JSON and its fields taken as they are), the outbox's advisory lock (the ordering step:
 the issue's target compares against writes without it), the policy validators, change
 diffs computed in Python (the SQL writes the same `changes` entries for these writes),
-and the re-read of the pool's archived state after the capacity rows are held: the
-statement reads it once, from its own snapshot (ADR 0004's guarantee needs more against
-a concurrent archive; the bench runs none during a booking round). Every statement goes
+and a booking's lock on the pool's row: the statement reads the archived state once,
+from its own snapshot (ADR 0004's guarantee needs more against a concurrent archive;
+the bench runs none during a booking round). Every statement goes
 through asyncpg's prepared-statement cache; the pool has the service's size
 (`db_pool_size` kept open, up to `db_pool_size + db_max_overflow`) and sends nothing when
 a connection goes back to it (one statement, one round trip per write).
@@ -318,12 +318,9 @@ WITH owned AS (
   UPDATE quota_rows SET max = used
   WHERE pool_id IN (SELECT id FROM owned) AND tenant_id <> $1
   RETURNING 1
-), locked AS (
-  SELECT resource FROM capacity_rows WHERE pool_id IN (SELECT id FROM owned)
-  ORDER BY resource FOR UPDATE
 ), pool AS (
   UPDATE pools SET archived = true, version = version + 1, updated_at = now()
-  WHERE id IN (SELECT id FROM owned) AND (SELECT count(*) FROM locked) >= 0
+  WHERE id IN (SELECT id FROM owned)
   RETURNING id, version, updated_at
 ), event AS (
   INSERT INTO events (type, pool_id, tenant_id, occurred_at, data)

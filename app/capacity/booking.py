@@ -135,12 +135,7 @@ def _statement(count: int, keyed: bool) -> Select[Any]:
     go = select(step.c.step).scalar_subquery() == "go"
 
     # Locks, in the one order (ADR 0004): the pool row, quota rows, capacity rows.
-    pool_lock = (
-        select(Pool.id)
-        .where(Pool.id == pool_id, Pool.archived.is_(False), go)
-        .with_for_update(key_share=True)  # FOR NO KEY UPDATE, as owner writes
-        .cte("pool_lock")
-    )
+    pool_lock = reservations.lock_unarchived_pool(pool_id).where(go).cte("pool_lock")
     takes_quota = [reservations.take_quota(pool_id, quota_tenant, n, a) for n, a in asked]
     takes_capacity = [reservations.take_capacity(pool_id, n, a) for n, a in asked]
     quota_lock = (

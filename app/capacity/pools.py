@@ -43,7 +43,6 @@ from app.capacity.reads import (
     owned_parts_of,
     tenant_not_found,
 )
-from app.capacity.reservations import lock_capacity_rows
 from app.capacity.rollup import refresh_rollup
 from app.capacity.views import ImpactView, PoolDetail
 from app.catalog import (
@@ -474,12 +473,12 @@ async def archive_pool(
         return await owned_pool_detail(uow.statements, principal, pool)
     # On PostgreSQL with the owner's offer and quota rows, for the answer, locked by the
     # same statement: their last commit's values, final while the archive holds them.
+    # Every booking locks the pool's row where it is not archived before any row it
+    # books, and we hold that lock since our first statement: no booking commits between
+    # here and our commit, and none after it (docs/decisions/0004).
     removed, own = await withdraw_guest_offers(uow.statements, pool)
-    # Bookings check the pool's state while holding these rows: once we hold them, every
-    # booking still to commit will see the archive (docs/decisions/0004).
-    await lock_capacity_rows(uow.statements, pool.id)
-    # Else read now, after the capacity rows are held, and before the pool's row is
-    # written, so that its UPDATE rides in the event's INSERT (the archive changes none).
+    # Else read now, before the pool's row is written, so that its UPDATE rides in the
+    # event's INSERT (the archive changes none).
     parts = await owned_parts(uow.statements, principal, pool, own)
     archived = {"archived": True, "version": pool.version + 1, "updated_at": utcnow()}
     pool = await write_pool(uow.statements, pool, archived)

@@ -8,9 +8,10 @@ Each of those UPDATEs (take_*, give_back_*: the only writers of `used` and `book
 booking or release makes, on both execution strategies) also stamps the row's `usage_tx`,
 which is how `pool.usage` events find what moved (app/events/usage.py): no outbox row.
 
-A booking takes no lock on the pool row. It checks the pool's state once it holds the
-capacity rows it books, and an archive locks those same rows before it commits: so a
-booking either commits before the archive or sees it (docs/decisions/0004).
+A booking locks the pool's row where it is not archived (`lock_unarchived_pool`, FOR NO
+KEY UPDATE, as owner writes lock it) before its quota and capacity rows, and an archive
+holds that lock from its first statement to its commit: so a booking either commits
+before the archive or sees it (docs/decisions/0004).
 
 On PostgreSQL a booking and a release are first tried as one statement each, built from
 the builders here (take_quota, take_capacity, headroom, give_back_*: booking.py,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     ColumnElement,
     CompoundSelect,
     CursorResult,
+    Select,
     Update,
     bindparam,
     case,
@@ -145,11 +147,31 @@ async def _refuse_if_full_now(
         raise refused
 
 
+def lock_unarchived_pool(pool_id: Value) -> Select[Any]:
+    """A booking's lock on the pool's row, the first of its locks (ADR 0004's order: the
+    pool row, quota rows, capacity rows): FOR NO KEY UPDATE, which an archive holds from
+    its start to its commit, and only while the row is not archived. A booking that waits
+    behind an archive gets the lock on the row's newest version, where `NOT archived` is
+    checked again (EvalPlanQual), so once an archive commits no booking takes the lock.
+    Both strategies take it: the plain path here, the one statement in booking.py."""
+    return (
+        select(Pool.id)
+        .where(Pool.id == pool_id, Pool.archived.is_(False))
+        .with_for_update(key_share=True)  # FOR NO KEY UPDATE, as owner writes
+    )
+
+
+_LOCK_UNARCHIVED = lock_unarchived_pool(bindparam("pool_key"))
+
+
 async def _book(
     uow: UnitOfWork, pool_id: str, quota_tenant: str, resources: dict[str, int]
 ) -> None:
-    """Each guarded UPDATE matches its row only while the booking fits."""
+    """Each guarded UPDATE matches its row only while the booking fits; the pool's row is
+    locked first, and a pool archived by then refuses the booking."""
     await _refuse_if_full_now(uow.session, pool_id, quota_tenant, resources)
+    if (await uow.session.execute(_LOCK_UNARCHIVED, {"pool_key": pool_id})).first() is None:
+        raise archived_refusal(pool_id)
     order = sorted(resources)
     steps = [
         *(("quota", r, take_quota(pool_id, quota_tenant, r, resources[r])) for r in order),
@@ -158,22 +180,6 @@ async def _book(
     for limit, resource, statement in steps:
         if _rowcount(await uow.session.execute(statement)) != 1:
             raise exhausted(limit, resource)
-
-
-# Built once, the pool bound per call.
-_LOCK_CAPACITY_ROWS = (
-    select(CapacityRow.resource)
-    .where(CapacityRow.pool_id == bindparam("pool_key"))
-    .order_by(CapacityRow.resource)
-    .with_for_update()
-)
-
-
-async def lock_capacity_rows(executor: Executor, pool_id: str) -> None:
-    """Lock the rows every booking in the pool must update, in resource order as bookings
-    take them. An archive holding them until it commits orders itself after the bookings
-    in flight and before any booking that checks the pool's state after them."""
-    await executor.execute(_LOCK_CAPACITY_ROWS, {"pool_key": pool_id})
 
 
 def archived_refusal(pool_id: str) -> InvalidState:
@@ -254,9 +260,8 @@ async def create_reservation(
         # An archive that committed meanwhile dropped the rows: its state is the answer.
         await _refuse_if_archived(session, pool.id)
         raise
-    # Holding the capacity rows now, so an archive either committed before (seen here)
-    # or waits for this booking to commit.
-    await _refuse_if_archived(session, pool.id)
+    # Holding the pool's row now (not archived), so an archive either committed before
+    # (refused above) or waits for this booking to commit.
     # Recorded once the rows are held, as the one-statement booking does (booking.py):
     # a twin then waits for the first call at the rows, not while holding the record
     # the other needs, and fails on the key when the first call committed.

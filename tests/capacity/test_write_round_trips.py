@@ -49,6 +49,8 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # Since then (6, 3 for offer new/resize): an offer reads its facts and locks the target's
 # quota rows in its locking read, after the pool's lock (access.lock_owned_pool_first;
 # again after it when the pool's row moved meanwhile: tests/rest/test_offer_races.py).
+# Since then (4 for archive on PostgreSQL, 12 on SQLite): an archive no longer locks the
+# capacity rows; every booking locks the pool's row first (docs/decisions/0004, addendum 2).
 # SQLite writes the audience and a create's rows apart and runs no driver path.
 STATEMENTS = {
     "postgresql": {
@@ -58,7 +60,7 @@ STATEMENTS = {
         "update (policy)": 4,
         "update (gpuModel)": 2,
         "unoffer": 2,
-        "archive": 4,
+        "archive": 3,
     },
     "sqlite": {
         "create": 11,
@@ -67,7 +69,7 @@ STATEMENTS = {
         "update (policy)": 9,
         "update (gpuModel)": 8,
         "unoffer": 10,
-        "archive": 12,
+        "archive": 11,
     },
 }
 
