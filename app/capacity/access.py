@@ -144,32 +144,11 @@ async def lock_owned_pool_with(
     params: Mapping[str, Any],
 ) -> tuple[LockedPool, list[Row[Any]] | None]:
     """`lock_owned_pool_row` with rows of other tables read in the same statement
-    (`statement`, made by `locking_with`; `params` binds theirs): the rows that matched
-    (their columns `joined_<name>`). None for them when the pool's row moved while the
-    lock was awaited: PostgreSQL re-reads only the locked row once it is granted, so rows
-    beside it are of the statement's snapshot, older than the lock, and the caller reads
-    them again. For rows that change only under the pool's lock, by writes that move its
-    version (offers and their quota rows' maxima)."""
-    pool, found = await _locked(uow, principal, tenant_id, pool_id, method, statement, params)
-    if found[0].seen_version != pool.version:
-        return pool, None
-    return pool, [r for r in found if r.joined_matched]
-
-
-async def lock_owned_pool_first(
-    uow: UnitOfWork,
-    principal: Principal,
-    tenant_id: str,
-    pool_id: str,
-    method: Method,
-    statement: Select[Any],
-    params: Mapping[str, Any],
-) -> tuple[LockedPool, list[Row[Any]] | None]:
-    """`lock_owned_pool_with` for rows that the statement locks too (`statement`, made by
-    `locking_first`; PostgreSQL only): the rows that matched, or None when the pool's row
-    has a newer version than the statement's snapshot (it moved while its lock was
-    awaited, or just before: the rows beside it may be older than the lock, and the
-    caller reads them again)."""
+    (`statement`, made by `locking_with` or `locking_first`; `params` binds theirs): the
+    rows that matched (their columns `joined_<name>`). None for them when the pool's row
+    moved before the lock was granted (the statement's `moved`): PostgreSQL re-reads only
+    the locked row then, so rows beside it are of the statement's snapshot, older than
+    the lock, and the caller reads them again."""
     pool, found = await _locked(uow, principal, tenant_id, pool_id, method, statement, params)
     if found[0].moved:
         return pool, None
@@ -290,15 +269,17 @@ def locking_with(rows: Subquery, order: Sequence[Any], matched: Any) -> Select[A
     """`_LOCK_OWNED_ROW` with `rows` outer-joined (one row per row of theirs, or one with
     none; their columns labelled `joined_<name>`, `joined_matched` true where one
     matched: `matched`, a column of theirs never null in a row), in `order` (columns of
-    `rows`), and the pool's version as the statement's snapshot holds it (`seen_version`:
-    the locked row's own columns are re-read once the lock is granted). For
-    `lock_owned_pool_with`; `rows` binds `pool_id` for the pool."""
+    `rows`), and `moved`: the locked row's version is not the one the statement's
+    snapshot holds (the locked row's own columns are re-read once the lock is granted).
+    For rows that change only under the pool's lock, by writes that move its version
+    (offers and their quota rows' maxima). For `lock_owned_pool_with`; `rows` binds
+    `pool_id` for the pool."""
+    snapshot_version = (
+        select(_SEEN.c.version).where(_SEEN.c.id == bindparam("pool_id")).scalar_subquery()
+    )
     return (
         _LOCK_OWNED_ROW.add_columns(
-            select(_SEEN.c.version)
-            .where(_SEEN.c.id == bindparam("pool_id"))
-            .scalar_subquery()
-            .label("seen_version"),
+            (_POOLS.c.version != snapshot_version).label("moved"),
             matched.is_not(None).label("joined_matched"),
             *(c.label(f"joined_{c.key}") for c in rows.c),
         )
@@ -319,7 +300,8 @@ def locking_first(rows: Select[Any], matched: str, order: Sequence[str]) -> Sele
     locked row is not the version the statement's snapshot holds (its `xmin`: any write
     to the row since, a version moved or not; a tenant-owned node's join writes it,
     app/capacity/nodes.py): then `rows`, of that snapshot, may be older than the lock
-    (`lock_owned_pool_first`)."""
+    (`lock_owned_pool_with`). For rows that change without the version: an offer's facts
+    (tenant-owned nodes)."""
     snapshot_xmin = (
         select(literal_column("seen.xmin::text"))
         .where(_SEEN.c.id == bindparam("pool_id"))

@@ -30,7 +30,6 @@ from app.capacity.access import (
     LockedPool,
     check_version,
     joined_values,
-    lock_owned_pool_first,
     lock_owned_pool_row,
     lock_owned_pool_with,
     locking_first,
@@ -280,7 +279,7 @@ _OFFER_FACTS_AND_QUOTAS = (
     .order_by(_LOCKED.c.resource)
 )
 # On PostgreSQL read with the pool's lock, in the same statement, after it
-# (access.lock_owned_pool_first): the facts as `OfferFacts`.
+# (access.lock_owned_pool_with): the facts as `OfferFacts`.
 _LOCK_WITH_FACTS = locking_first(_OFFER_FACTS_AND_QUOTAS, "offers", ("resource",))
 OfferFacts = namedtuple(  # type: ignore[misc]  # the statement's own column names
     "OfferFacts", tuple(_OFFER_FACTS_AND_QUOTAS.selected_columns.keys())
@@ -351,7 +350,7 @@ async def offer_pool(uow: UnitOfWork, principal: Principal, inp: OfferPoolInput)
     at = {"pool_key": inp.pool_id, "tenant": inp.to_tenant_id}
     found: Sequence[Any] | None = None
     if statements.dialect == "postgresql":  # the facts with the lock, when still current
-        pool, held = await lock_owned_pool_first(
+        pool, held = await lock_owned_pool_with(
             uow, principal, inp.tenant_id, inp.pool_id, OFFER_POOL, _LOCK_WITH_FACTS, at
         )
         if held is not None:

@@ -47,7 +47,7 @@ RESOURCES = ("gpu", "cpu", "memory", "disk", "net")
 # Since then (5 for archive): an archive's withdrawal locks and answers the owner's offer
 # and quota rows too (offers._WITHDRAW_GUESTS), so its answer reads nothing more.
 # Since then (6, 3 for offer new/resize): an offer reads its facts and locks the target's
-# quota rows in its locking read, after the pool's lock (access.lock_owned_pool_first;
+# quota rows in its locking read, after the pool's lock (access.locking_first;
 # again after it when the pool's row moved meanwhile: tests/rest/test_offer_races.py).
 # Since then (4 for archive on PostgreSQL, 12 on SQLite): an archive no longer locks the
 # capacity rows; every booking locks the pool's row first (docs/decisions/0004, addendum 2).

@@ -1,6 +1,6 @@
 """An offer reads what it checks (the target's offer, the pool's offers, tenant-owned
 nodes, the target tenant) and locks the target's quota rows in the statement that locks
-the pool, after the pool's lock (access.lock_owned_pool_first). That statement's snapshot
+the pool, after the pool's lock (access.locking_first). That statement's snapshot
 is older than the lock when it waited: the quota rows it locks are re-read at their
 newest version, and anything else is read again when the pool's row has a newer version
 than the snapshot's. PostgreSQL only (SQLite runs one writer at a time).
