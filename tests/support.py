@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 
 from app.capacity import inventory, nodes
 from app.db.engine import Database
@@ -72,3 +73,17 @@ class Api:
         )
         result: dict[str, Any] = response.json()
         return result
+
+
+def by_size(name: str, default: Any, full: Any, ids: tuple[str, str] | None = None) -> Any:
+    """A scenario's two sizes as a parametrize over `name`: `default` in the default run,
+    marked `scaled_down` (CI runs the `full` one and leaves it out), and `full` marked
+    `soak`."""
+    first, second = ids or (None, None)
+    return pytest.mark.parametrize(
+        name,
+        [
+            pytest.param(default, id=first, marks=pytest.mark.scaled_down),
+            pytest.param(full, id=second, marks=pytest.mark.soak),
+        ],
+    )

@@ -67,7 +67,7 @@ from tests.generated_world import (
 )
 from tests.graphql.test_compiled_parity import CAPACITY, OFFERS, POOL_VALUES, QUOTA, generated
 from tests.operability.test_tracing import spans
-from tests.support import Fleet
+from tests.support import Fleet, by_size
 
 __all__ = ["spans"]  # fixture
 
@@ -801,13 +801,7 @@ async def _generated(pair: Pair, fleet: Fleet, size: Size) -> tuple[World, rando
     return world, rng
 
 
-@pytest.mark.parametrize(
-    "size",
-    [
-        pytest.param(DEFAULT, id="default", marks=pytest.mark.scaled_down),
-        pytest.param(SOAK, id="soak", marks=pytest.mark.soak),
-    ],
-)
+@by_size("size", DEFAULT, SOAK, ids=("default", "soak"))
 @pytest.mark.slow
 async def test_the_read_paths_answer_alike_over_generated_data(
     database_url: str, fleet: Fleet, size: Size

@@ -27,7 +27,7 @@ from app.events.cursor import encode_cursor
 from app.events.reader import outbox_bounds, read_events
 from tests.events.processes import Served, bettercompute_serve
 from tests.events.support import visible_outbox, wait_until
-from tests.support import Api, Fleet
+from tests.support import Api, Fleet, by_size
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,7 @@ async def mutate(
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
-@pytest.mark.parametrize(
-    "size",
-    [
-        pytest.param("default", marks=pytest.mark.scaled_down),
-        pytest.param("full", marks=pytest.mark.soak),
-    ],
-)
+@by_size("size", "default", "full")
 async def test_two_processes_deliver_each_tenant_exactly_its_events(
     database_url: str, db: Database, redis_url: str, size: str
 ) -> None:

@@ -24,7 +24,7 @@ from app.events.reader import outbox_bounds
 from tests.events.conftest import served
 from tests.events.support import wait_until
 from tests.rest.scene import Scene
-from tests.support import Api, Fleet
+from tests.support import Api, Fleet, by_size
 
 POOL_EVENTS = """
 subscription($tenantId: String!, $poolId: ID, $types: [String!], $after: String) {
@@ -233,10 +233,7 @@ async def test_a_new_subscription_skips_what_committed_before_it_behind_a_held_h
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # what only PostgreSQL has
-@pytest.mark.parametrize(
-    "changes",
-    [pytest.param(100, marks=pytest.mark.scaled_down), pytest.param(500, marks=pytest.mark.soak)],
-)
+@by_size("changes", 100, 500)
 async def test_disconnect_500_changes_reconnect_with_the_last_cursor(
     database_url: str, db: Database, changes: int
 ) -> None:

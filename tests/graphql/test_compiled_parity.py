@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 
 from app.iam.callers import revoke_token
 from tests.compiled_world import CALLERS, Pair, World, pair, world
-from tests.support import Fleet
+from tests.support import Fleet, by_size
 
 __all__ = ["pair", "world"]  # fixtures
 # The compiled path against the plain one: nothing to compare on the plain path.
@@ -275,13 +275,7 @@ async def _compare(
     assert second == plain, context
 
 
-@pytest.mark.parametrize(
-    "size",
-    [
-        pytest.param("default", marks=pytest.mark.scaled_down),
-        pytest.param("full", marks=pytest.mark.soak),
-    ],
-)
+@by_size("size", "default", "full")
 async def test_hand_written_queries_answer_alike(
     pair: Pair, world: World, dialect: str, size: str
 ) -> None:

@@ -14,11 +14,10 @@ from collections import Counter
 from typing import Any
 
 import httpx
-import pytest
 
 from app.db.engine import Database
 from tests.rest.scene import Scene, authz_tenants, events, offer_tenants, quota_rows, quotas
-from tests.support import Api, Fleet
+from tests.support import Api, Fleet, by_size
 
 # (calls, limit) by dialect and size: SQLite runs one writer at a time, so a smaller race
 # shows as much there. The full size runs in the `soak` set.
@@ -30,13 +29,7 @@ SIZES = {
 }
 # Rounds of racing offers, unoffers and bookings.
 ROUNDS = {"full": 6, "default": 3}
-BY_SIZE = pytest.mark.parametrize(
-    "size",
-    [
-        pytest.param("default", marks=pytest.mark.scaled_down),
-        pytest.param("full", marks=pytest.mark.soak),
-    ],
-)
+BY_SIZE = by_size("size", "default", "full")
 
 
 async def _book_one_each(s: Scene, pool_id: str, calls: int) -> list[httpx.Response]:
