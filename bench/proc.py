@@ -16,13 +16,16 @@ import httpx
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _proc_file(pid: int, thread: int | None, name: str) -> Path:
+    """/proc's file `name` of a process, or of one of its threads."""
+    return Path(f"/proc/{pid}/{name}" if thread is None else f"/proc/{pid}/task/{thread}/{name}")
+
+
 def cpu_s(pid: int, thread: int | None = None) -> float:
     """User + system CPU seconds of a process so far, or of one of its threads (its main
     thread: `thread=pid`); 0 once it is gone."""
     try:
-        stat = Path(
-            f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
-        ).read_text()
+        stat = _proc_file(pid, thread, "stat").read_text()
     except FileNotFoundError:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
@@ -33,9 +36,8 @@ def run_queue_s(pid: int, thread: int | None = None) -> tuple[float, float]:
     """(CPU seconds, seconds spent runnable but waiting for a core) of a process's main
     thread, or of one of its threads, so far, from the scheduler's own accounting
     (/proc/<pid>/schedstat); (0, 0) once it is gone or where the kernel keeps none."""
-    path = f"/proc/{pid}/schedstat" if thread is None else f"/proc/{pid}/task/{thread}/schedstat"
     try:
-        on_cpu, waiting = Path(path).read_text().split()[:2]
+        on_cpu, waiting = _proc_file(pid, thread, "schedstat").read_text().split()[:2]
     except (FileNotFoundError, ValueError):
         return 0.0, 0.0
     return int(on_cpu) / 1e9, int(waiting) / 1e9
