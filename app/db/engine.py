@@ -50,7 +50,12 @@ from app.db import direct_sqlite
 from app.db.direct import NO_JIT, DirectReads
 from app.db.direct_sqlite import DirectSQLiteReads
 from app.db.embedded import SQL_FUNCTIONS, busy_timeout_ms, connection_pragmas, sqlite_file
-from app.db.session_statements import DriverStatements, SessionStatements, driver_statements
+from app.db.session_statements import (
+    AutocommitStatements,
+    DriverStatements,
+    SessionStatements,
+    driver_statements,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +91,7 @@ APPLICATION_NAME = "bettercompute"
 RELAY_APPLICATION_NAME = "bettercompute relay"
 
 # What a read runs on: a connection, a unit of work's session, or its statements.
-Executor = AsyncConnection | AsyncSession | SessionStatements
+Executor = AsyncConnection | AsyncSession | SessionStatements | AutocommitStatements
 
 # asyncpg's own statement bound sits above the server's statement_timeout, so a slow
 # statement is cancelled by the server (the connection stays usable) and the client's

@@ -66,6 +66,8 @@ class DriverStatement:
     compiled: SQLCompiler
     sql: str
     names: tuple[str, ...]
+    # Its text is finished per call: an IN list (its length), or a value written into
+    # the text at execution (`literal_execute`, as the relay's limit).
     expanding: bool
     binds: Mapping[str, _Processor]
     keys: tuple[str, ...]
@@ -78,7 +80,7 @@ class DriverStatement:
     plan: tuple[_Argument, ...] | None = None
 
     def arguments(self, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
-        if self.expanding:  # an IN list: its text depends on the number of values
+        if self.expanding:  # the text depends on the values (an IN list's length)
             state = self.compiled.construct_expanded_state(dict(params))
             # The expanded state's processors are those of the IN lists' values only
             # (SQLAlchemy's execution adds the statement's own): a JSONB beside an IN
@@ -190,10 +192,19 @@ def compile_for_driver(
         for name, bind in compiled.binds.items()
     }
     columns = list(getattr(statement, "exported_columns", ()))
-    results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
+    try:
+        results = tuple(
+            c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns
+        )
+    except Exception:
+        # A type whose processing needs the driver's type code of the column, which only
+        # a cursor gives (a NUMERIC sum on asyncpg): SQLAlchemy's to run.
+        return None
     keys = tuple(getattr(statement, "exported_columns", {}).keys())
     names = tuple(compiled.positiontup or ())
-    expanding = any(b.expanding for b in compiled.binds.values())
+    expanding = bool(compiled.literal_execute_params) or any(
+        b.expanding for b in compiled.binds.values()
+    )
     return DriverStatement(
         statement=statement,
         compiled=compiled,
@@ -401,14 +412,7 @@ class SessionStatements:
         if compiled is None:
             conn = await self.connection()
             return await conn.execute(statement, dict(params) if params else None)
-        sql, args = compiled.arguments(params or {})
-        statement_sent()
-        try:
-            with traced(sql):
-                records = await raw.fetch(sql, *args)
-        except Exception as exc:
-            raise _adapted(exc, sql) from exc
-        return IteratorResult(compiled.metadata, iter(compiled.rows(records)))
+        return await _fetch(raw, compiled, params)
 
     async def execute_many(self, statement: Executable, rows: list[dict[str, Any]]) -> None:
         """`statement` once per row, as one executemany on the plain path; a single row
@@ -428,6 +432,50 @@ class SessionStatements:
 
     async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
         return (await self.execute(statement, params)).scalar()
+
+
+class AutocommitStatements:
+    """Core statements on a connection outside any transaction (AUTOCOMMIT: the relay's
+    reads, each a snapshot of its own), each a built-once statement on its driver
+    connection when `driver` compiles it, else on the connection itself: no transaction
+    to stay inside, so no fence beyond the compile's. An Executor (app/db/engine.py)."""
+
+    def __init__(self, connection: AsyncConnection, driver: DriverStatements | None) -> None:
+        self._connection = connection
+        self._driver = driver
+        self._raw: Any = None
+
+    async def execute(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> Result[*TupleAny]:
+        compiled = None
+        if self._driver is not None:
+            if self._raw is None:
+                self._raw = (await self._connection.get_raw_connection()).driver_connection
+            # A closed connection takes the plain path, where SQLAlchemy invalidates it.
+            if not self._raw.is_closed():
+                compiled = self._driver.get(statement, params or {})
+        if compiled is None:
+            return await self._connection.execute(statement, dict(params) if params else None)
+        return await _fetch(self._raw, compiled, params)
+
+    async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:
+        return (await self.execute(statement, params)).scalar()
+
+
+async def _fetch(
+    raw: Any, compiled: DriverStatement, params: Mapping[str, Any] | None
+) -> Result[*TupleAny]:
+    """`compiled` run on the driver connection `raw`: its rows as SQLAlchemy's, its
+    errors as SQLAlchemy raises them."""
+    sql, args = compiled.arguments(params or {})
+    statement_sent()
+    try:
+        with traced(sql):
+            records = await raw.fetch(sql, *args)
+    except Exception as exc:
+        raise _adapted(exc, sql) from exc
+    return IteratorResult(compiled.metadata, iter(compiled.rows(records)))
 
 
 def _adapted(exc: Exception, sql: str) -> Exception:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import repeat
 from typing import Any
 
 from sqlalchemy import (
@@ -47,6 +48,7 @@ from app.events.cursor import (
     START,
     DeliveryState,
     Position,
+    advance,
     as_position,
     encode_state,
 )
@@ -355,12 +357,22 @@ def read_events_query(
     return _with_audiences(_in_order(query), tenants), params | narrowed
 
 
-async def read_uncovered(
-    executor: Executor, state: DeliveryState, *, limit: int
-) -> tuple[list[OutboxEvent], int]:
+@dataclass(frozen=True, slots=True)
+class Uncovered:
+    """What one relay read delivers: its events, each with the reader's state just after
+    it, the state to continue from, and how many events were read (more than delivered
+    when D's bound stopped the read)."""
+
+    events: list[OutboxEvent]
+    after: DeliveryState
+    read: int
+
+
+async def read_uncovered(executor: Executor, state: DeliveryState, *, limit: int) -> Uncovered:
     """Visible (committed) events not covered by `state`, above the horizon too, in
-    position order, at most `limit`; and the horizon of the same snapshot (one statement).
-    `cursor.advance` decides what of it is delivered.
+    position order, at most `limit`, read with the horizon of the same snapshot (one
+    statement); `cursor.advance` decides what of it is delivered, and each delivered
+    event is built once, with its state.
 
     With no event read and D not empty, a second statement reads the horizon, and whether
     any uncovered event is visible, in one snapshot of its own: a horizon from another
@@ -376,7 +388,9 @@ async def read_uncovered(
         horizon = 0 if row[1] else int(row[0])
     else:
         horizon = 0  # nothing read, nothing to settle
-    return _outbox_events(rows), horizon
+    positions = [Position(r.tx, r.seq) for r in rows]
+    states, after = advance(state, positions, horizon, complete=len(rows) < limit)
+    return Uncovered(_outbox_events(rows[: len(states)], states), after, len(rows))
 
 
 async def read_between(
@@ -436,8 +450,11 @@ async def _events(
     return _outbox_events((await executor.execute(query, params)).all())
 
 
-def _outbox_events(rows: Sequence[Any]) -> list[OutboxEvent]:
-    """The events of rows read with `_with_audiences`, one row each."""
+def _outbox_events(
+    rows: Sequence[Any], states: Sequence[DeliveryState | None] | None = None
+) -> list[OutboxEvent]:
+    """The events of rows read with `_with_audiences`, one row each; with `states`, each
+    carrying its own (one per row)."""
     return [
         OutboxEvent(
             seq=r.seq,
@@ -448,8 +465,9 @@ def _outbox_events(rows: Sequence[Any]) -> list[OutboxEvent]:
             data=dict(r.data),
             audience=frozenset(r.audience or ()),
             tx=r.tx,
+            state=state,
         )
-        for r in rows
+        for r, state in zip(rows, states or repeat(None, len(rows)), strict=True)
     ]
 
 

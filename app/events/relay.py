@@ -66,13 +66,13 @@ from typing import Generic
 from app import metrics
 from app.config import Settings
 from app.db.engine import Database, Executor
+from app.db.session_statements import AutocommitStatements
 from app.errors import InvalidInput, InvalidState
 from app.events.cursor import (
     START,
     DeliveryState,
     Position,
     ResumePoint,
-    advance,
     covered_between,
 )
 from app.events.delivery import F, ShownEvents, ShownUsage, Visibility
@@ -353,6 +353,10 @@ class Relay(Generic[F]):
             if db.dialect == "postgresql" and not db.pooled_by_transaction
             else db.reader
         )
+        # Its statements built once run on the driver where the database compiles them
+        # (app/db/session_statements.py): a relay read's own CPU is what delays delivery
+        # when writers keep every core busy (bench.outbox_contention).
+        self._driver = db.driver if self._drain_reader is not db.reader else None
         self._poll_interval_s = poll_interval_s
         self._stall_timeout_s = stall_timeout_s
         self._retention_s = retention_s
@@ -573,21 +577,18 @@ class Relay(Generic[F]):
         number = self._drains_started
         while True:
             async with self._drain_reader.connect() as conn:
-                events, horizon = await read_uncovered(conn, self.state, limit=self._batch_size)
-                complete = len(events) < self._batch_size
-                states, after = advance(
-                    self.state, [e.position for e in events], horizon, complete=complete
-                )
-                taken = [replace(e, state=s) for e, s in zip(events, states, strict=False)]
-                shown_events = await self._shown(conn, taken)
+                reads = AutocommitStatements(conn, self._driver)
+                uncovered = await read_uncovered(reads, self.state, limit=self._batch_size)
+                taken, after = uncovered.events, uncovered.after
+                shown_events = await self._shown(reads, taken)
                 # No await from the last audience check to the new state: a subscription
                 # that joins takes a state and is mailed every event read after it.
                 self._fan_out(taken, shown_events)
                 self.state = after
-            blocked = len(taken) < len(events)  # D is full: the rest waits for the horizon
+            blocked = len(taken) < uncovered.read  # D is full: the rest waits for the horizon
             self.blocked_reads += blocked
             self._above_horizon = bool(after.ahead) or blocked
-            if complete or blocked:
+            if uncovered.read < self._batch_size or blocked:
                 self._last_good_drain = number
                 self._caught_up()
                 return
@@ -675,11 +676,12 @@ class Relay(Generic[F]):
         budget = self.usage_round_rows
         reads: list[tuple[list[Subscription[F]], UsageChanges]] = []
         async with self._drain_reader.connect() as conn:
+            reads_on = AutocommitStatements(conn, self._driver)
             for group in groups:
                 if budget < 1:
                     break  # the rest waits for the next round, their marks unchanged
                 since = min(at for _, at in group)
-                found = await usage_changes(conn, since, limit=budget)
+                found = await usage_changes(reads_on, since, limit=budget)
                 budget -= found.rows
                 reads.append(([s for s, _ in group], found))
             read = self.usage_round_rows - budget
@@ -698,7 +700,7 @@ class Relay(Generic[F]):
                 return
             self.usage_rounds += 1
             shown = await self._visibility.load_usage(
-                conn, {pool_id: frozenset(t) for pool_id, t in moved.items()}
+                reads_on, {pool_id: frozenset(t) for pool_id, t in moved.items()}
             )
             for subscriptions, found in reads:
                 for subscription in subscriptions:

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.capacity.inputs import CreatePoolInput, UpdatePoolInput
@@ -16,10 +16,12 @@ from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import Database, create_database
 from app.db.errors import to_domain_error
-from app.db.models import Pool, Tenant, utcnow
-from app.db.session_statements import SessionStatements, is_orm
+from app.db.models import Event, Pool, Tenant, utcnow
+from app.db.session_statements import AutocommitStatements, SessionStatements, is_orm
 from app.db.uow import UnitOfWork
 from app.errors import Unavailable
+from app.events.cursor import START, DeliveryState, Position
+from app.events.reader import read_uncovered_query
 from app.iam.callers import authenticate
 from tests.support import Fleet
 
@@ -333,3 +335,48 @@ def test_an_argument_plan_that_drifts_from_construct_params_turns_the_driver_pat
     monkeypatch.setattr(session_statements, "_argument", lambda a, params: None)
     problem = session_statements._driver_problem(dialect)
     assert problem is not None and "argument plan" in problem
+
+
+async def test_autocommit_statements_answer_as_the_connection_does(
+    db: Database, fleet: Fleet
+) -> None:
+    """The relay's reads (AutocommitStatements): the relay's read, whose limit is written
+    into its text and whose D is an IN list, answers on the driver as on the connection;
+    a NUMERIC sum, whose processing needs the cursor's type code, stays on the plain path
+    and answers as ever; and each statement runs outside any transaction."""
+    await fleet.tenant("acme")
+    site = await fleet.site("acme")
+    owner = await authenticate(db, f"Bearer {await fleet.caller('acme')}")
+    body = {"tenantId": "acme", "siteId": site, "class": "metal-host"}
+    for _ in range(3):
+        await Capacity(db).create_pool(owner, CreatePoolInput.model_validate(body))
+    async with db.reader.connect() as conn:
+        first = (await conn.execute(select(Event.tx, Event.seq).order_by(Event.seq))).first()
+    assert first is not None
+    ahead = DeliveryState(START, (Position(first.tx, first.seq),))
+    reads = [read_uncovered_query(state, limit=2) for state in (DeliveryState(START), ahead)]
+    summed = select(func.sum(Event.seq) / 2)  # NUMERIC on PostgreSQL
+    engine = db.relay or db.reader
+    if _driven(db):
+        engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    async with engine.connect() as conn:
+        plain = [(await conn.execute(q, p)).all() for q, p in reads]
+        plain_sum = (await conn.execute(summed)).scalar_one()
+    assert [len(rows) for rows in plain] == [2, 2]  # the limit held
+    assert first.seq not in {r.seq for r in plain[1]}  # D's event left out
+    for _ in range(3):  # seen once, then compiled for the driver
+        async with engine.connect() as conn:
+            statements = AutocommitStatements(conn, db.driver)
+            answers = [(await statements.execute(q, p)).all() for q, p in reads]
+            assert [[dict(r._mapping) for r in rows] for rows in answers] == [
+                [dict(r._mapping) for r in rows] for rows in plain
+            ]
+            assert await statements.scalar(summed) == plain_sum
+            if _driven(db):
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert not raw.is_in_transaction()
+    if _driven(db):
+        assert db.driver is not None
+        compiled = {d.statement for d in db.driver._compiled.values() if d is not None}
+        assert compiled >= {q for q, _ in reads}
+        assert summed not in compiled
