@@ -57,7 +57,7 @@ from app.capacity.service import Capacity
 from app.config import Settings
 from app.db.engine import RELAY_APPLICATION_NAME, Database, create_database
 from app.events.cursor import Position
-from app.events.reader import OutboxEvent
+from app.events.reader import OutboxEvent, Uncovered
 from app.events.relay import Relay
 from app.iam.callers import authenticate, create_caller
 from app.iam.principal import Principal
@@ -195,10 +195,14 @@ async def _pgbench(
     seconds: float,
     rate: float | None = None,
     log_prefix: str | None = None,
+    *,
+    sample_locks: bool = True,
 ) -> tuple[float, float]:
     """(tps, fraction of active backends waiting on a lock); at most `rate` transactions a
     second in all when given (pgbench -R), else as fast as they go; each transaction's end
-    logged under `log_prefix` when given (pgbench -l)."""
+    logged under `log_prefix` when given (pgbench -l). Without `sample_locks` the fraction
+    is 0 and nothing is sampled: a delivery round measures the relay in this process, and
+    a sampler querying pg_stat_activity every 20 ms beside it would take its turns."""
     parsed = make_url(url)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
@@ -215,6 +219,18 @@ async def _pgbench(
     process = await asyncio.create_subprocess_exec(
         *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
+    waiting = await _lock_waits(url, process) if sample_locks else 0.0
+    out, err = await process.communicate()
+    os.unlink(f.name)
+    found = re.search(r"tps = ([\d.]+)", out.decode())
+    if found is None:
+        raise RuntimeError(f"pgbench failed: {err.decode()[-2000:]}")
+    return float(found.group(1)), waiting
+
+
+async def _lock_waits(url: str, process: asyncio.subprocess.Process) -> float:
+    """Until `process` ends, the fraction of the bench database's active backends waiting
+    on a lock, sampled from pg_stat_activity every 20 ms."""
     waiting = active = 0
     sampler = create_database(url, Settings(db_pool_size=1, db_max_overflow=0))
     try:
@@ -235,12 +251,7 @@ async def _pgbench(
                     await asyncio.wait_for(process.wait(), 0.02)
     finally:
         await sampler.dispose()
-    out, err = await process.communicate()
-    os.unlink(f.name)
-    found = re.search(r"tps = ([\d.]+)", out.decode())
-    if found is None:
-        raise RuntimeError(f"pgbench failed: {err.decode()[-2000:]}")
-    return float(found.group(1)), (waiting / active if active else 0.0)
+    return waiting / active if active else 0.0
 
 
 class _AllOfThem:
@@ -304,7 +315,7 @@ def _timed_relay_reads(round_trips: list[float]) -> Iterator[None]:
     A bench instrument: the relay module's name for the read, wrapped for the run."""
     original = relay_module.read_uncovered  # type: ignore[attr-defined]
 
-    async def timed(*args: Any, **kwargs: Any) -> tuple[list[OutboxEvent], int]:
+    async def timed(*args: Any, **kwargs: Any) -> Uncovered:
         began = time.perf_counter()
         try:
             return await original(*args, **kwargs)
@@ -438,7 +449,7 @@ async def _delivery_from_pgbench(
         prefix = os.path.join(logs, "tx")
         ticker = asyncio.create_task(_timer_lateness(late, 0.005))
         waits = _Waits(await _relay_backends(db))
-        tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix)
+        tps, _ = await _pgbench(url, script, len(pools), seconds, rate, prefix, sample_locks=False)
         waited = waits.report(await _relay_backends(db))
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
