@@ -63,6 +63,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Generic
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from app import metrics
 from app.config import Settings
 from app.db.engine import Database, Executor
@@ -357,6 +359,7 @@ class Relay(Generic[F]):
         # (app/db/session_statements.py): a relay read's own CPU is what delays delivery
         # when writers keep every core busy (bench.outbox_contention).
         self._driver = db.driver if self._drain_reader is not db.reader else None
+        self._held: tuple[AsyncConnection, AutocommitStatements] | None = None
         self._poll_interval_s = poll_interval_s
         self._stall_timeout_s = stall_timeout_s
         self._retention_s = retention_s
@@ -410,8 +413,12 @@ class Relay(Generic[F]):
             self._tasks.append(asyncio.create_task(self._prune_loop(), name="event-pruner"))
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
-        self._tasks = []
+        # Between drains (one under way ends first, within the statement timeout): the
+        # held connection goes back to its pool whole, not cut off mid-statement.
+        async with self._drain_lock:
+            await cancel_and_wait(self._tasks)
+            self._tasks = []
+            await self._discard_held(failed=False)
 
     def wake(self, position: Position | None) -> None:
         """A wake-up: the newest position committed somewhere, None means "check"."""
@@ -576,8 +583,7 @@ class Relay(Generic[F]):
         self._drains_started += 1
         number = self._drains_started
         while True:
-            async with self._drain_reader.connect() as conn:
-                reads = AutocommitStatements(conn, self._driver)
+            async with self._drain_reads() as reads:
                 uncovered = await read_uncovered(reads, self.state, limit=self._batch_size)
                 taken, after = uncovered.events, uncovered.after
                 shown_events = await self._shown(reads, taken)
@@ -592,6 +598,39 @@ class Relay(Generic[F]):
                 self._last_good_drain = number
                 self._caught_up()
                 return
+
+    @contextlib.asynccontextmanager
+    async def _drain_reads(self) -> AsyncIterator[AutocommitStatements]:
+        """A drain's statements. On the relay's own connections (PostgreSQL, no
+        PgBouncer: each statement its own snapshot), one connection held from drain to
+        drain, as checking one out and back in cost about a quarter of a relay read's
+        CPU; after any failure it is discarded and the next drain opens another. Where
+        the relay shares the requests' pool, a connection per drain, so that it never
+        keeps one from them."""
+        if self.db.relay is None:
+            async with self._drain_reader.connect() as conn:
+                yield AutocommitStatements(conn, self._driver)
+            return
+        if self._held is None:
+            conn = await self._drain_reader.connect()
+            self._held = conn, AutocommitStatements(conn, self._driver)
+        conn, reads = self._held
+        try:
+            yield reads
+            await conn.rollback()  # no round trip (AUTOCOMMIT); the connection's own state
+        except BaseException:
+            await self._discard_held()
+            raise
+
+    async def _discard_held(self, *, failed: bool = True) -> None:
+        """Let go of the held connection: after a failure it is invalidated (the pool
+        opens another), else it goes back to its pool."""
+        held, self._held = self._held, None
+        if held is not None:
+            with contextlib.suppress(Exception):
+                if failed:
+                    await held[0].invalidate()
+                await held[0].close()
 
     def _caught_up(self) -> None:
         self.newest_known = max(self.newest_known, self.cursor)

@@ -27,6 +27,7 @@ from app.events.reader import (
     read_events_query,
     read_uncovered_query,
 )
+from app.events.relay import Relay
 from tests.db.faults import postgres_dsn
 from tests.events.support import settle, subscribe
 from tests.rest.scene import Scene
@@ -248,6 +249,8 @@ async def test_a_running_relay_reads_on_its_own_connections(
     for n in range(8):
         await api.ok(s.token, "pools/update", s.body(pool_id, policy={"singleTenant": n % 2 == 0}))
         await settle(app, watcher)
+    relay: Relay = app.state.relay
+    await relay.stop()  # its held connection back to the pool, which the test reads
     async with db.relay.connect() as one, db.relay.connect() as other:  # all of its pool
         plans = [
             row
@@ -258,6 +261,7 @@ async def test_a_running_relay_reads_on_its_own_connections(
             (await conn.exec_driver_sql("SHOW application_name")).scalar_one()
             for conn in (one, other)
         }
+    await relay.start()
     await watcher.close()
     assert names == {RELAY_APPLICATION_NAME}
     assert plans, "the relay's reads were not prepared on its own connections"
