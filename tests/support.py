@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -87,3 +91,25 @@ def by_size(name: str, default: Any, full: Any, ids: tuple[str, str] | None = No
             pytest.param(full, id=second, marks=pytest.mark.soak),
         ],
     )
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+async def bench_output(*arguments: str, within_s: float = 600, **env: str) -> str:
+    """What `python -m <arguments>` (a benchmark) prints, run from the checkout's root with
+    `env` added to this environment; it must end with exit status 0. `within_s` bounds a
+    hang, not the speed."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        *arguments,
+        cwd=_ROOT,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), within_s)
+    printed = output.decode()
+    assert process.returncode == 0, printed
+    return printed

@@ -5,15 +5,11 @@ is shared); what is printed and sent is."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import sys
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +22,7 @@ from bench.native_load import (
     ensure_wrk,
 )
 from tests.databases import POSTGRES_URL, service_unavailable
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import bench_output
 
 
 def installed(ensure: Callable[[], LoadGenerator | None], name: str) -> LoadGenerator:
@@ -105,18 +100,11 @@ async def test_the_quick_run_prints_every_row(
 ) -> None:
     if dialect == "postgresql":
         await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "bench.graphql_pools", "--quick", "--generator", generator.name),
+    printed = await bench_output(
+        *("bench.graphql_pools", "--quick", "--generator", generator.name),
         *("--dialect", dialect),
-        cwd=ROOT,
-        env={**os.environ, "BENCH_POSTGRES_URL": POSTGRES_URL},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        BENCH_POSTGRES_URL=POSTGRES_URL,
     )
-    output, _ = await asyncio.wait_for(process.communicate(), 600)  # a hang, not the speed
-    printed = output.decode()
-    assert process.returncode == 0, printed
     assert "floor and service answer the same data for every request measured" in printed
     assert "asked: saturate, 16 connections" in printed
     title = {"postgresql": "PostgreSQL", "sqlite": "SQLite, the embedded default"}[dialect]

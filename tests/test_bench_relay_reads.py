@@ -5,19 +5,14 @@ read did not deliver every event."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
 from bench.relay_reads import STRATEGIES
 from tests.databases import POSTGRES_URL
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import bench_output
 
 
 @pytest.mark.soak
@@ -25,17 +20,11 @@ async def test_a_short_run_prints_every_strategy(
     database_url_for: Callable[[str], Awaitable[str]],
 ) -> None:
     await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "bench.relay_reads", "--events", "4", "--reads", "5", "--rounds", "1"),
-        cwd=ROOT,
-        env={**os.environ, "BENCH_POSTGRES_URL": POSTGRES_URL},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    printed = await bench_output(
+        *("bench.relay_reads", "--events", "4", "--reads", "5", "--rounds", "1"),
+        within_s=300,
+        BENCH_POSTGRES_URL=POSTGRES_URL,
     )
-    output, _ = await asyncio.wait_for(process.communicate(), 300)
-    printed = output.decode()
-    assert process.returncode == 0, printed
     for name in STRATEGIES:
         (row,) = (line for line in printed.splitlines() if line.strip().startswith(name))
         assert re.search(r"lowest +[0-9]+ µs, median +[0-9]+ µs a read", row), row

@@ -4,20 +4,16 @@ Figures are not checked (this machine is shared); what is printed is."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
 from bench.native_load import ensure_wrk
 from bench.writes import ROW_NAMES
 from tests.databases import POSTGRES_URL, REDIS_URL, service_unavailable
+from tests.support import bench_output
 
-ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
@@ -28,17 +24,9 @@ async def test_the_quick_run_prints_every_row(
     await database_url_for("postgresql")  # PostgreSQL is there (or the test is skipped)
     if ensure_wrk() is None:
         service_unavailable("wrk could not be installed")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "bench.writes", "--quick"),
-        cwd=ROOT,
-        env={**os.environ, "BENCH_POSTGRES_URL": POSTGRES_URL, "BENCH_REDIS_URL": REDIS_URL},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    printed = await bench_output(
+        "bench.writes", "--quick", BENCH_POSTGRES_URL=POSTGRES_URL, BENCH_REDIS_URL=REDIS_URL
     )
-    output, _ = await asyncio.wait_for(process.communicate(), 600)
-    printed = output.decode()
-    assert process.returncode == 0, printed
     assert printed.count("uptime at") == 2
     # The floor answers what the service answers, byte for byte in size.
     (sizes,) = (line for line in printed.splitlines() if line.startswith("floor answers have"))
