@@ -438,7 +438,9 @@ class AutocommitStatements:
     """Core statements on a connection outside any transaction (AUTOCOMMIT: the relay's
     reads, each a snapshot of its own), each a built-once statement on its driver
     connection when `driver` compiles it, else on the connection itself: no transaction
-    to stay inside, so no fence beyond the compile's. An Executor (app/db/engine.py)."""
+    to stay inside, so no fence beyond the compile's. Without a driver (SQLite, behind
+    PgBouncer, compiled reads off) every statement is the connection's own, in whatever
+    transaction it keeps. An Executor (app/db/engine.py)."""
 
     def __init__(self, connection: AsyncConnection, driver: DriverStatements | None) -> None:
         self._connection = connection
