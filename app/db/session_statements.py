@@ -443,7 +443,7 @@ class AutocommitStatements:
     transaction it keeps. An Executor (app/db/engine.py)."""
 
     def __init__(self, connection: AsyncConnection, driver: DriverStatements | None) -> None:
-        self._connection = connection
+        self.connection = connection
         self._driver = driver
         self._raw: Any = None
 
@@ -453,12 +453,12 @@ class AutocommitStatements:
         compiled = None
         if self._driver is not None:
             if self._raw is None:
-                self._raw = (await self._connection.get_raw_connection()).driver_connection
+                self._raw = (await self.connection.get_raw_connection()).driver_connection
             # A closed connection takes the plain path, where SQLAlchemy invalidates it.
             if not self._raw.is_closed():
                 compiled = self._driver.get(statement, params or {})
         if compiled is None:
-            return await self._connection.execute(statement, dict(params) if params else None)
+            return await self.connection.execute(statement, dict(params) if params else None)
         return await _fetch(self._raw, compiled, params)
 
     async def scalar(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Any:

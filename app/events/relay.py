@@ -63,8 +63,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Generic
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from app import metrics
 from app.config import Settings
 from app.db.engine import Database, Executor
@@ -359,7 +357,7 @@ class Relay(Generic[F]):
         # (app/db/session_statements.py): a relay read's own CPU is what delays delivery
         # when writers keep every core busy (bench.outbox_contention).
         self._driver = db.driver if self._drain_reader is not db.reader else None
-        self._held: tuple[AsyncConnection, AutocommitStatements] | None = None
+        self._held: AutocommitStatements | None = None  # its connection, held (_drain_reads)
         self._poll_interval_s = poll_interval_s
         self._stall_timeout_s = stall_timeout_s
         self._retention_s = retention_s
@@ -612,12 +610,11 @@ class Relay(Generic[F]):
                 yield AutocommitStatements(conn, self._driver)
             return
         if self._held is None:
-            conn = await self._drain_reader.connect()
-            self._held = conn, AutocommitStatements(conn, self._driver)
-        conn, reads = self._held
+            self._held = AutocommitStatements(await self._drain_reader.connect(), self._driver)
+        reads = self._held
         try:
             yield reads
-            await conn.rollback()  # no round trip (AUTOCOMMIT); the connection's own state
+            await reads.connection.rollback()  # no round trip (AUTOCOMMIT): its own state
         except BaseException:
             await self._discard_held()
             raise
@@ -629,8 +626,8 @@ class Relay(Generic[F]):
         if held is not None:
             with contextlib.suppress(Exception):
                 if failed:
-                    await held[0].invalidate()
-                await held[0].close()
+                    await held.connection.invalidate()
+                await held.connection.close()
 
     def _caught_up(self) -> None:
         self.newest_known = max(self.newest_known, self.cursor)
